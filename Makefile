@@ -1,0 +1,38 @@
+# Two commands matter: `make demo` and `make test`. Both create .venv on first use.
+# TORCH_SPEC pins the CPU build of torch that CPU machines install locally; a GPU
+# machine may override it, e.g. `make test TORCH_SPEC='torch==2.13.0 --index-url ...'`.
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.twinkle-installed
+# Every distribution in the workspace, installed editable; twinkle-all last (it only pins siblings).
+PACKAGES := $(sort $(dir $(wildcard packages/*/pyproject.toml kernels/pyproject.toml)))
+EDITABLES := $(foreach p,$(filter-out packages/twinkle-all/,$(PACKAGES)),-e $(p)) $(if $(wildcard packages/twinkle-all/pyproject.toml),-e packages/twinkle-all/)
+PYPROJECTS := $(wildcard packages/*/pyproject.toml kernels/pyproject.toml) requirements-dev.txt
+
+.PHONY: install demo test lint clean
+
+install: $(STAMP)
+
+$(STAMP): $(PYPROJECTS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet $(TORCH_SPEC)
+	$(PIP) install --quiet $(EDITABLES) -r requirements-dev.txt
+	touch $(STAMP)
+
+demo: install
+	$(PY) tools/demo.py
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

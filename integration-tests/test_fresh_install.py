@@ -1,0 +1,61 @@
+"""Each distribution installs alone (with only what it declares) into a fresh venv and imports.
+
+Wheels are built from the working tree; siblings come only from those wheels,
+third-party packages from the package index. Packages promised to be torch-free
+(design.md) are checked to install and import without torch.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+TORCH_FREE = {"twinkle-core", "twinkle-preprocessor", "twinkle-dataloader", "twinkle-reward", "twinkle-client"}
+TORCH_PIN = "torch==2.13.0"  # the CPU build CPU machines install locally (see Makefile)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory, distributions) -> Path:
+    """A folder with a wheel of every leaf distribution, built from the working tree."""
+    out = tmp_path_factory.mktemp("wheels")
+    paths = [str(d.path) for d in distributions if d.name != "twinkle-all"]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(out), *paths],
+        check=True,
+    )
+    return out
+
+
+def _pip(python: Path, *args: str) -> None:
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args], check=True)
+
+
+def test_installs_alone_and_imports(leaf_distribution, wheelhouse, tmp_path):
+    dist = leaf_distribution
+    venv.create(tmp_path / "venv", with_pip=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    if dist.name not in TORCH_FREE and "torch" in dist.dependency_names:
+        _pip(python, TORCH_PIN)  # otherwise pip would fetch a multi-GB CUDA build
+    _pip(python, "--find-links", str(wheelhouse), dist.name)
+    modules = ["twinkle", *(f"twinkle.{sub}" for sub in dist.subpackages)]
+    check = (
+        "import importlib, importlib.util, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        f"torch_free = {dist.name in TORCH_FREE}\n"
+        "assert not torch_free or importlib.util.find_spec('torch') is None, 'torch got installed'\n"
+        "assert 'torch' not in sys.modules or not torch_free\n"
+        "others = sorted(p for p in __import__('twinkle').__path__)\n"
+        "print(others)\n"
+    )
+    result = subprocess.run([str(python), "-c", check], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    installed = subprocess.run([str(python), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True)
+    siblings = {line.split("==")[0] for line in installed.stdout.splitlines() if line.startswith("twinkle")}
+    expected = {dist.name} | {dep for dep in dist.dependency_names if dep.startswith("twinkle")}
+    assert siblings == expected, f"{dist.name} pulled in {siblings - expected}"

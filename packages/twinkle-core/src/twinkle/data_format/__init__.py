@@ -1,0 +1,44 @@
+"""Data formats shared by every Twinkle component.
+
+Rows (``Message``, ``Trajectory``, ``InputFeature``) are plain dicts described by
+``TypedDict`` and checked by ``validate_*`` functions; call results
+(``SamplingParams``, ``SampleResponse``, ``ModelOutput``, ...) are dataclasses
+with ``to_dict``/``from_dict``.
+"""
+
+from twinkle.data_format.input_feature import (
+    IGNORE_INDEX,
+    InputFeature,
+    make_input_feature,
+    validate_input_feature,
+)
+from twinkle.data_format.message import (
+    Message,
+    Tool,
+    ToolCall,
+    Trajectory,
+    validate_message,
+    validate_trajectory,
+)
+from twinkle.data_format.output import LossOutput, ModelOutput
+from twinkle.data_format.sampling import SampledSequence, SampleResponse, SamplingParams
+from twinkle.data_format.serde import Serializable
+
+__all__ = [
+    "IGNORE_INDEX",
+    "InputFeature",
+    "LossOutput",
+    "Message",
+    "ModelOutput",
+    "SampleResponse",
+    "SampledSequence",
+    "SamplingParams",
+    "Serializable",
+    "Tool",
+    "ToolCall",
+    "Trajectory",
+    "make_input_feature",
+    "validate_input_feature",
+    "validate_message",
+    "validate_trajectory",
+]

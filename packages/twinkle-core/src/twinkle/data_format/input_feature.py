@@ -1,0 +1,114 @@
+"""``InputFeature``: one encoded sequence, ready to be collated into model tensors.
+
+It is a plain dict (rows of an encoded ``datasets`` table, JSON on the wire).
+Token-level fields are lists of ints of equal length; ``labels`` holds the next
+token targets *unshifted* (``labels[i]`` is the token at position ``i`` when it
+is trained, else ``IGNORE_INDEX``) and ``loss_mask`` is the same information as
+0/1, kept so losses and metrics need not know the ignore convention. The
+trajectory that produced the feature may ride along (``messages``,
+``user_data``) for rewards computed later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
+
+from typing_extensions import NotRequired
+
+from twinkle.data_format.message import Message
+from twinkle.errors import InvalidInputError
+
+IGNORE_INDEX = -100
+
+TOKEN_FIELDS: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids", "labels", "loss_mask")
+
+
+class InputFeature(TypedDict):
+    """One encoded sequence. Only ``input_ids`` is required; see module docstring."""
+
+    input_ids: list[int]
+    attention_mask: NotRequired[list[int]]
+    position_ids: NotRequired[list[int]]
+    labels: NotRequired[list[int]]
+    loss_mask: NotRequired[list[int]]
+    length: NotRequired[int]
+    messages: NotRequired[list[Message]]
+    user_data: NotRequired[dict[str, Any]]
+
+
+def _int_list(value: Any, name: str, where: str) -> list[int]:
+    if hasattr(value, "tolist"):  # numpy arrays and torch tensors
+        value = value.tolist()
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        raise InvalidInputError(f"{where}.{name} must be a list of ints, got {type(value).__name__}")
+    for i, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise InvalidInputError(f"{where}.{name}[{i}] must be an int, got {item!r}")
+    return list(value)
+
+
+def make_input_feature(
+    input_ids: Sequence[int],
+    labels: Sequence[int] | None = None,
+    **extra: Any,
+) -> InputFeature:
+    """Build a complete feature from ids (and optional labels): masks, positions, length."""
+    ids = list(input_ids)
+    feature: dict[str, Any] = {
+        "input_ids": ids,
+        "attention_mask": [1] * len(ids),
+        "position_ids": list(range(len(ids))),
+        "length": len(ids),
+        **extra,
+    }
+    if labels is not None:
+        feature["labels"] = list(labels)
+        feature["loss_mask"] = [int(t != IGNORE_INDEX) for t in feature["labels"]]
+    return validate_input_feature(feature)
+
+
+def validate_input_feature(
+    feature: Any,
+    where: str = "input_feature",
+    vocab_size: int | None = None,
+) -> InputFeature:
+    """Check a feature's types, lengths and ranges; return it with lists normalised.
+
+    ``vocab_size``, when known, rejects token ids the model cannot embed — the most
+    common silent corruption in hand-made data.
+    """
+    if not isinstance(feature, Mapping):
+        raise InvalidInputError(f"{where} must be a dict with 'input_ids', got {type(feature).__name__}")
+    if "input_ids" not in feature:
+        raise InvalidInputError(f"{where} has no 'input_ids'")
+    out: dict[str, Any] = dict(feature)
+    for name in TOKEN_FIELDS:
+        if out.get(name) is not None:
+            out[name] = _int_list(out[name], name, where)
+    ids = out["input_ids"]
+    if not ids:
+        raise InvalidInputError(f"{where}.input_ids is empty")
+    for name in TOKEN_FIELDS[1:]:
+        if out.get(name) is not None and len(out[name]) != len(ids):
+            raise InvalidInputError(
+                f"{where}.{name} has length {len(out[name])} but input_ids has length {len(ids)}"
+            )
+    if vocab_size is not None:
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise InvalidInputError(f"{where}.input_ids contains ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+    elif any(t < 0 for t in ids):
+        raise InvalidInputError(f"{where}.input_ids contains negative ids")
+    labels, loss_mask = out.get("labels"), out.get("loss_mask")
+    if labels is not None and loss_mask is not None:
+        for i, (label, mask) in enumerate(zip(labels, loss_mask)):
+            if mask not in (0, 1) or (mask == 1) != (label != IGNORE_INDEX):
+                raise InvalidInputError(
+                    f"{where}.loss_mask[{i}]={mask} disagrees with labels[{i}]={label} "
+                    f"(loss_mask must be 1 exactly where labels != {IGNORE_INDEX})"
+                )
+    length = out.get("length")
+    if length is not None and length != len(ids):
+        raise InvalidInputError(f"{where}.length is {length} but input_ids has length {len(ids)}")
+    return out  # type: ignore[return-value]

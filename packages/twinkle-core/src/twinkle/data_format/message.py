@@ -1,0 +1,84 @@
+"""Chat rows: :class:`Message`, :class:`Tool` and :class:`Trajectory`.
+
+Rows are plain dicts (``TypedDict``) because they live in Hugging Face
+``datasets`` tables and in JSON bodies; :func:`validate_trajectory` checks one
+and returns it unchanged, raising :class:`InvalidInputError` that names the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict
+
+from typing_extensions import NotRequired
+
+from twinkle.errors import InvalidInputError
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+
+
+class ToolCall(TypedDict):
+    """A function call made by the assistant; ``arguments`` is a JSON object."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+class Message(TypedDict):
+    """One chat turn. ``reasoning_content`` holds a thinking trace (Qwen3 style)."""
+
+    role: Role
+    content: str
+    reasoning_content: NotRequired[str]
+    tool_calls: NotRequired[list[ToolCall]]
+
+
+class Tool(TypedDict):
+    """An OpenAI-style tool (function) description offered to the model."""
+
+    type: str
+    function: dict[str, Any]
+
+
+class Trajectory(TypedDict):
+    """A conversation plus task data.
+
+    ``user_data`` carries whatever rewards need later (ground-truth answers,
+    ids); it travels unchanged through encoding into the ``InputFeature``.
+    """
+
+    messages: list[Message]
+    tools: NotRequired[list[Tool]]
+    user_data: NotRequired[dict[str, Any]]
+
+
+def validate_message(message: Any, where: str = "message") -> Message:
+    """Check one message; ``where`` prefixes error messages (e.g. ``messages[2]``)."""
+    if not isinstance(message, Mapping):
+        raise InvalidInputError(f"{where} must be a dict with 'role' and 'content', got {type(message).__name__}")
+    role = message.get("role")
+    if role not in ROLES:
+        raise InvalidInputError(f"{where}.role must be one of {ROLES}, got {role!r}")
+    content = message.get("content")
+    if not isinstance(content, str):
+        raise InvalidInputError(f"{where}.content must be a string, got {type(content).__name__}")
+    reasoning = message.get("reasoning_content")
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise InvalidInputError(f"{where}.reasoning_content must be a string when given")
+    return message  # type: ignore[return-value]
+
+
+def validate_trajectory(row: Any, where: str = "trajectory") -> Trajectory:
+    """Check a trajectory row: a non-empty ``messages`` list of valid messages."""
+    if not isinstance(row, Mapping):
+        raise InvalidInputError(f"{where} must be a dict with a 'messages' list, got {type(row).__name__}")
+    messages = row.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidInputError(f"{where}.messages must be a non-empty list of messages, got {messages!r:.80}")
+    for i, message in enumerate(messages):
+        validate_message(message, f"{where}.messages[{i}]")
+    user_data = row.get("user_data")
+    if user_data is not None and not isinstance(user_data, Mapping):
+        raise InvalidInputError(f"{where}.user_data must be a dict when given")
+    return row  # type: ignore[return-value]

@@ -1,0 +1,99 @@
+"""Sampling requests and results: :class:`SamplingParams`, :class:`SampledSequence`, :class:`SampleResponse`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from twinkle.data_format.input_feature import InputFeature
+from twinkle.data_format.serde import Serializable
+from twinkle.errors import InvalidInputError
+
+StopReason = Literal["stop", "length", "abort"]
+
+
+@dataclass
+class SamplingParams(Serializable):
+    """How to sample. Defaults follow common practice (vLLM / Tinker).
+
+    ``top_k=-1`` and ``top_p=1.0`` disable those filters; ``temperature=0`` is greedy.
+    ``logprobs`` asks for the sampled tokens' log-probabilities; an int ``k > 0``
+    also returns the top-k alternatives. ``stop`` holds strings and/or token ids.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    stop: list[str | int] = field(default_factory=list)
+    seed: int | None = None
+    num_samples: int = 1
+    logprobs: bool | int = True
+    prompt_logprobs: bool | int = False
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, (str, int)):
+            self.stop = [self.stop]
+        self.validate()
+
+    def validate(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise InvalidInputError(f"SamplingParams.{message}")
+
+        need(_is_int(self.max_tokens) and self.max_tokens >= 1, f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        need(_is_num(self.temperature) and self.temperature >= 0, f"temperature must be >= 0, got {self.temperature!r}")
+        need(_is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1), f"top_k must be -1 or >= 1, got {self.top_k!r}")
+        need(_is_num(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
+        need(_is_int(self.num_samples) and self.num_samples >= 1, f"num_samples must be an int >= 1, got {self.num_samples!r}")
+        need(self.seed is None or (_is_int(self.seed) and self.seed >= 0), f"seed must be a non-negative int, got {self.seed!r}")
+        need(_is_num(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty must be > 0")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            need(isinstance(value, bool) or (_is_int(value) and value >= 0), f"{name} must be a bool or an int >= 0")
+        for item in self.stop:
+            if isinstance(item, str):
+                need(item != "", "stop strings must not be empty")
+            else:
+                need(_is_int(item) and item >= 0, f"stop entries must be strings or token ids, got {item!r}")
+
+
+@dataclass
+class SampledSequence(Serializable):
+    """One completion: token ids, their log-probs, the text, and a feature ready for training.
+
+    ``new_input_feature`` is prompt + completion with labels on the completion only,
+    so it can go straight into ``forward_backward``.
+    """
+
+    tokens: list[int]
+    stop_reason: StopReason
+    logprobs: list[float] | None = None
+    topk_logprobs: list[list[tuple[int, float]]] | None = None
+    decoded: str | None = None
+    new_input_feature: InputFeature | None = None
+
+
+@dataclass
+class SampleResponse(Serializable):
+    """All completions for one request (``num_samples`` per prompt, prompt-major order)."""
+
+    sequences: list[SampledSequence]
+    prompt_token_ids: list[list[int]] | None = None
+    prompt_logprobs: list[list[float | None]] | None = None
+    topk_prompt_logprobs: list[list[list[tuple[int, float]] | None]] | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SampleResponse:
+        data = dict(data)
+        data["sequences"] = [SampledSequence.from_dict(s) for s in data.get("sequences", [])]
+        return super().from_dict(data)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

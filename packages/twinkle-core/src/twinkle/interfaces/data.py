@@ -1,0 +1,60 @@
+"""Interfaces of the data components: Preprocessor, Template, InputProcessor, dataset."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from twinkle.data_format import InputFeature, Trajectory
+
+
+class Preprocessor(ABC):
+    """Turns one raw row (any columns) into a :class:`Trajectory`.
+
+    Raise :class:`twinkle.errors.InvalidInputError` for a row that cannot be
+    converted: ``Dataset.map`` reports such rows by index instead of dropping
+    them silently. Return ``None`` to drop a row on purpose (a filter).
+    A plain function ``row -> Trajectory | None`` is accepted wherever a
+    Preprocessor is.
+    """
+
+    @abstractmethod
+    def preprocess(self, row: Mapping[str, Any]) -> Trajectory | None:
+        """Convert one row."""
+
+    def __call__(self, row: Mapping[str, Any]) -> Trajectory | None:
+        return self.preprocess(row)
+
+
+@runtime_checkable
+class Template(Protocol):
+    """Chat-template encoding: trajectories to token ids with a loss mask, and back."""
+
+    max_length: int | None
+
+    def encode(self, trajectory: Trajectory, add_generation_prompt: bool = False) -> InputFeature:
+        """Encode one trajectory; labels cover assistant tokens unless a generation prompt is added."""
+        ...
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Token ids back to text."""
+        ...
+
+
+@runtime_checkable
+class InputProcessor(Protocol):
+    """Collates encoded features into model inputs (padded or packed tensors)."""
+
+    def __call__(self, features: Sequence[InputFeature]) -> dict[str, Any]:
+        """A batch of features to a dict of tensors (``input_ids``, ``labels``, ...)."""
+        ...
+
+
+@runtime_checkable
+class SizedDataset(Protocol):
+    """What a DataLoader needs from a dataset: a length and random access."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...

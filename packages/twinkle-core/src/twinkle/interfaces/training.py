@@ -1,0 +1,58 @@
+"""Interfaces of the training components: Loss, Metric, Model."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from twinkle.data_format import InputFeature, LossOutput, ModelOutput
+
+
+class Loss(ABC):
+    """A training objective.
+
+    ``inputs`` is the collated batch (``labels``, ``loss_mask`` ... as tensors),
+    ``outputs`` the forward result (``logps`` per token, optionally ``logits``);
+    extra per-sample inputs (``advantages``, ``old_logps``, ``ref_logps``) come as
+    keyword arguments. Document the formula and reduction in the docstring.
+    """
+
+    @abstractmethod
+    def __call__(self, inputs: Mapping[str, Any], outputs: ModelOutput, **loss_inputs: Any) -> LossOutput:
+        """Compute the loss to back-propagate."""
+
+
+class Metric(ABC):
+    """Accumulates values over steps and reports scalars."""
+
+    @abstractmethod
+    def accumulate(self, **values: Any) -> None:
+        """Add one step's values."""
+
+    @abstractmethod
+    def calculate(self) -> dict[str, float]:
+        """The current scalars, e.g. ``{'loss': 1.2, 'accuracy': 0.5}``."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget accumulated values."""
+
+
+@runtime_checkable
+class Model(Protocol):
+    """The semantic training API every model back-end provides (per adapter)."""
+
+    def forward(self, *, inputs: Sequence[InputFeature], **kwargs: Any) -> ModelOutput: ...
+
+    def forward_only(self, *, inputs: Sequence[InputFeature], **kwargs: Any) -> ModelOutput: ...
+
+    def forward_backward(self, *, inputs: Sequence[InputFeature], **kwargs: Any) -> ModelOutput: ...
+
+    def clip_grad_and_step(self, **kwargs: Any) -> Any: ...
+
+    def zero_grad(self, **kwargs: Any) -> None: ...
+
+    def calculate_metric(self, is_training: bool = True, **kwargs: Any) -> dict[str, float]: ...
+
+    def save(self, name: str, output_dir: str | None = None, **kwargs: Any) -> str: ...
