@@ -1,0 +1,45 @@
+import pytest
+import torch
+
+from twinkle.data_format import IGNORE_INDEX
+from twinkle.module import chunked_token_logps, token_logps_from_logits
+
+
+def _reference(hidden, weight, labels):
+    logps = torch.log_softmax((hidden @ weight.T).float(), dim=-1)
+    valid = labels != IGNORE_INDEX
+    picked = logps.gather(-1, torch.where(valid, labels, 0).unsqueeze(-1)).squeeze(-1)
+    return torch.where(valid, picked, 0.0)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 7, 64])
+@pytest.mark.parametrize("max_saved_bytes", [0, 1 << 20])
+def test_chunked_logps_match_full_logits_values_and_gradients(chunk_size, max_saved_bytes):
+    torch.manual_seed(0)
+    hidden = torch.randn(14, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 50, (14,))
+    labels[:2] = IGNORE_INDEX
+    upstream = torch.randn(14, dtype=torch.float64)
+
+    ours, correct = chunked_token_logps(hidden, weight, labels, chunk_size, max_saved_bytes)
+    grads = torch.autograd.grad((ours * upstream).sum(), (hidden, weight))
+    ref = _reference(hidden, weight, labels).double()
+    ref_grads = torch.autograd.grad((ref * upstream).sum(), (hidden, weight))
+
+    torch.testing.assert_close(ours.double(), ref, atol=1e-6, rtol=0)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    assert (ours[:2] == 0).all()
+    assert torch.equal(correct, (hidden @ weight.T).argmax(-1) == labels)
+
+
+def test_logps_from_logits_ignores_masked_labels():
+    logits = torch.tensor([[0.0, 0.0], [1.0, 3.0]])
+    out = token_logps_from_logits(logits, torch.tensor([IGNORE_INDEX, 1]))
+    assert out[0] == 0 and out[1] == pytest.approx(3 - torch.logsumexp(torch.tensor([1.0, 3.0]), 0).item())
+
+
+def test_bad_chunk_size():
+    with pytest.raises(ValueError, match="chunk_size"):
+        chunked_token_logps(torch.zeros(1, 2), torch.zeros(3, 2), torch.zeros(1, dtype=torch.long), 0)
