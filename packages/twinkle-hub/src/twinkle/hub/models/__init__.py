@@ -1,0 +1,1 @@
+"""Builders of the ``builtin://`` models (weights, config, tokenizer, chat template)."""

@@ -1,0 +1,97 @@
+"""The table of ``builtin://`` models and datasets that Twinkle can generate offline.
+
+Built-ins let every cookbook, test and demo run on a CPU with no network. Each
+entry names its builder as ``"module:function"`` so that importing this table
+(and ``twinkle.hub``) stays cheap: transformers is imported only when the model
+is actually built.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from twinkle.errors import ResourceNotFoundError
+
+BUILTIN_SCHEME = "builtin://"
+DEFAULT_MODEL = "builtin://qwen3-tiny"
+
+Kind = Literal["model", "dataset"]
+
+
+@dataclass(frozen=True)
+class BuiltinSpec:
+    """One built-in: what it is, how to build it, and which format version it has."""
+
+    id: str
+    kind: Kind
+    description: str
+    version: int
+    builder: str
+
+    @property
+    def cache_name(self) -> str:
+        """Directory name under ``<cache>/builtin``; a new version gets a new directory."""
+        return f"{self.id.removeprefix(BUILTIN_SCHEME)}-v{self.version}"
+
+    def build(self, target: Path) -> None:
+        """Write the built-in's files into the empty directory ``target``."""
+        module_name, function_name = self.builder.split(":")
+        getattr(importlib.import_module(module_name), function_name)(target)
+
+
+_SPECS = (
+    BuiltinSpec(
+        id=DEFAULT_MODEL,
+        kind="model",
+        description="Qwen3-architecture causal LM (4 layers, hidden 64) with the real Qwen3 tokenizer; "
+        "random weights, runs on a CPU",
+        version=1,
+        builder="twinkle.hub.models.qwen3_tiny:build",
+    ),
+    BuiltinSpec(
+        id="builtin://self-cognition",
+        kind="dataset",
+        description="English and Chinese self-introduction Q&A with {{NAME}}/{{AUTHOR}} placeholders (train)",
+        version=1,
+        builder="twinkle.hub.data.self_cognition:build",
+    ),
+    BuiltinSpec(
+        id="builtin://gsm8k-mini",
+        kind="dataset",
+        description="GSM8K-format one- and two-step arithmetic word problems with '#### <answer>' (train/test)",
+        version=1,
+        builder="twinkle.hub.data.gsm8k_mini:build",
+    ),
+    BuiltinSpec(
+        id="builtin://preference-mini",
+        kind="dataset",
+        description="DPO pairs: polite correct arithmetic answers preferred over wrong or rude ones (train/test)",
+        version=1,
+        builder="twinkle.hub.data.preference_mini:build",
+    ),
+)
+_BUILTINS = {spec.id: spec for spec in _SPECS}
+
+
+def list_builtin(kind: Kind | None = None) -> dict[str, str]:
+    """Map each ``builtin://`` id (optionally only models or only datasets) to a one-line description."""
+    return {spec.id: spec.description for spec in _SPECS if kind is None or spec.kind == kind}
+
+
+def is_builtin(ref: str) -> bool:
+    """Whether ``ref`` names a known built-in model or dataset."""
+    return ref in _BUILTINS
+
+
+def get_builtin(ref: str, kind: Kind) -> BuiltinSpec:
+    """Return the spec of ``ref``, or raise naming the built-ins of ``kind`` that do exist."""
+    spec = _BUILTINS.get(ref)
+    if spec is not None and spec.kind == kind:
+        return spec
+    available = ", ".join(list_builtin(kind))
+    if spec is not None:
+        raise ResourceNotFoundError(f"{ref!r} is a builtin {spec.kind}, not a {kind}. Builtin {kind}s: {available}")
+    raise ResourceNotFoundError(f"Unknown builtin {kind} {ref!r}. Builtin {kind}s: {available}")
