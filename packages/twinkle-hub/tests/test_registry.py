@@ -34,7 +34,7 @@ def test_is_builtin_rejects_everything_else(ref):
 
 
 def test_cache_names_carry_the_format_version():
-    assert get_builtin("builtin://qwen3-tiny", "model").cache_name == "qwen3-tiny-v1"
+    assert get_builtin("builtin://qwen3-tiny", "model").cache_name == "qwen3-tiny-v2"
     assert get_builtin("builtin://gsm8k-mini", "dataset").cache_name == "gsm8k-mini-v1"
 
 

@@ -48,7 +48,7 @@ _SPECS = (
         kind="model",
         description="Qwen3-architecture causal LM (4 layers, hidden 64) with the real Qwen3 tokenizer; "
         "random weights, runs on a CPU",
-        version=1,
+        version=2,
         builder="twinkle.hub.models.qwen3_tiny:build",
     ),
     BuiltinSpec(
