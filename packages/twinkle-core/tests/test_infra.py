@@ -54,3 +54,18 @@ def test_initialize_seeds_python_random():
 def test_duplicate_group_names_rejected():
     with pytest.raises(ConfigurationError, match="duplicate device group name 'a'"):
         twinkle.initialize(groups=[DeviceGroup("a", 1), DeviceGroup("a", 2)])
+
+
+def test_first_component_does_not_reseed(monkeypatch):
+    """Building a component without initialize() must not touch the user's RNG stream."""
+    import random
+
+    import twinkle.infra as infra
+
+    monkeypatch.setattr(infra, "_runtime", None)
+    random.seed(7)
+    expected = [random.random() for _ in range(2)]
+    random.seed(7)
+    first = random.random()
+    Counter()
+    assert [first, random.random()] == expected

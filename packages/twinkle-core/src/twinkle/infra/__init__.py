@@ -98,8 +98,17 @@ def _index_groups(groups: list[DeviceGroup] | None, world_size: int) -> dict[str
 
 
 def get_runtime() -> Runtime:
-    """The current runtime; a default local one is created on first use."""
-    return _runtime if _runtime is not None else initialize()
+    """The current runtime. Without ``initialize`` a default local one is created on first use.
+
+    That default touches no RNG: only an explicit ``initialize(seed=...)`` seeds,
+    so constructing a component never changes the random numbers a user drew.
+    """
+    global _runtime
+    if _runtime is None:
+        rank, local_rank, world_size = torchrun_env()
+        _runtime = Runtime(rank=rank, local_rank=local_rank, world_size=world_size)
+        _runtime.groups = _index_groups(None, world_size)
+    return _runtime
 
 
 def get_device_placement() -> str:

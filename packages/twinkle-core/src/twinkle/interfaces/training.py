@@ -20,7 +20,20 @@ class Loss(ABC):
 
     @abstractmethod
     def __call__(self, inputs: Mapping[str, Any], outputs: ModelOutput, **loss_inputs: Any) -> LossOutput:
-        """Compute the loss to back-propagate."""
+        """Compute the loss to back-propagate.
+
+        When :meth:`normalizer` returns a value, the model passes it as the
+        keyword ``normalizer`` and the loss divides by it instead of by its own
+        batch's denominator, so micro-batch losses add up to the whole batch's.
+        """
+
+    def normalizer(self, inputs: Mapping[str, Any]) -> float | None:
+        """The whole batch's denominator (e.g. its number of supervised tokens), or ``None``.
+
+        ``None`` means the loss is a mean over its own micro-batch; the model then
+        weights micro-batches by their number of samples.
+        """
+        return None
 
 
 class Metric(ABC):

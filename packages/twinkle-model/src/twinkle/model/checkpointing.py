@@ -1,0 +1,151 @@
+"""Saving, loading and resuming ``TransformersModel`` checkpoints.
+
+Layout of ``<output_dir>/<name>/`` (written atomically, see :mod:`checkpoint_io`):
+
+- LoRA: ``adapter_config.json`` + ``adapter_model.safetensors`` (PEFT format);
+  full model: a transformers directory (config, safetensors, tokenizer files);
+- ``twinkle_state.json``: adapter name, step counters, dataloader position;
+- ``optimizer.pt``: optimizer and LR-scheduler state (when saved with ``save_optimizer``);
+- ``rng_state.pt``: Python, numpy and torch RNG states, so a resumed run draws the same numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors.torch import load_file
+
+from twinkle.errors import ConfigurationError, ResourceNotFoundError
+from twinkle.model import peft_adapters
+from twinkle.model.checkpoint_io import (
+    OPTIMIZER_FILE,
+    RNG_FILE,
+    STATE_FILE,
+    atomic_directory,
+    capture_rng_state,
+    read_json,
+    restore_rng_state,
+    write_json,
+)
+from twinkle.model.train_state import TrainState
+
+if TYPE_CHECKING:
+    from twinkle.model.transformers_model import TransformersModel
+
+FORMAT_VERSION = 1
+DEFAULT_OUTPUT_DIR = "outputs"
+_TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "vocab", "merges", "chat_template", "added_tokens")
+
+
+def save(
+    owner: TransformersModel,
+    state: TrainState,
+    name: str,
+    output_dir: str | Path | None,
+    save_optimizer: bool,
+    dataloader: Any,
+) -> Path:
+    if not name or Path(name).name != name:
+        raise ConfigurationError(f"checkpoint name must be a plain directory name, got {name!r}")
+    final = Path(output_dir or os.environ.get("TWINKLE_OUTPUT_DIR", DEFAULT_OUTPUT_DIR)) / name
+    with atomic_directory(final) as tmp:
+        if state.is_adapter:
+            peft_adapters.save_adapter(owner.model, state.name, tmp, owner.model_path)
+        else:
+            owner.model.save_pretrained(str(tmp), safe_serialization=True)
+            _copy_tokenizer_files(Path(owner.model_path), tmp)
+        write_json(
+            tmp / STATE_FILE,
+            {
+                "format_version": FORMAT_VERSION,
+                "adapter_name": state.name if state.is_adapter else None,
+                "base_model": owner.model_path,
+                "counters": state.counters(),
+                "dataloader": dataloader.get_state() if dataloader is not None else None,
+            },
+        )
+        if save_optimizer and state.optimizer is not None:
+            torch.save(
+                {
+                    "optimizer": state.optimizer.state_dict(),
+                    "lr_scheduler": state.lr_scheduler.state_dict() if state.lr_scheduler is not None else None,
+                },
+                tmp / OPTIMIZER_FILE,
+            )
+        torch.save(capture_rng_state(), tmp / RNG_FILE)
+    return final
+
+
+def load_weights(owner: TransformersModel, path: Path, adapter_name: str | None, load_optimizer: bool) -> TrainState:
+    """Load weights into the matching adapter (created from the checkpoint's config if missing)."""
+    if not path.is_dir():
+        raise ResourceNotFoundError(f"checkpoint directory {path} does not exist")
+    meta = read_json(path / STATE_FILE) if (path / STATE_FILE).is_file() else {}
+    if (path / peft_adapters.ADAPTER_CONFIG).is_file():
+        name = adapter_name or meta.get("adapter_name") or path.name
+        if name in owner.adapter_names:
+            peft_adapters.load_adapter_weights(owner.model, name, path)
+        else:
+            gradient_accumulation = meta.get("counters", {}).get("gradient_accumulation_steps", 1)
+            owner.add_adapter_to_model(name, path, gradient_accumulation_steps=gradient_accumulation)
+        state = owner._state(name)
+    else:
+        if owner.adapter_names:
+            raise ConfigurationError(f"{path} holds full model weights but this model trains adapters {owner.adapter_names}")
+        _load_full_weights(owner.model, path)
+        state = owner._state(None)
+    if load_optimizer:
+        _load_optimizer(state, path)
+    return state
+
+
+def resume(owner: TransformersModel, path: Path, adapter_name: str | None, dataloader: Any) -> None:
+    state = load_weights(owner, path, adapter_name, load_optimizer=True)
+    meta = read_json(path / STATE_FILE)
+    counters = meta["counters"]
+    state.global_step = counters["global_step"]
+    state.accumulated = counters["accumulated"]
+    state.gradient_accumulation_steps = counters["gradient_accumulation_steps"]
+    restore_rng_state(torch.load(path / RNG_FILE, weights_only=False))
+    if dataloader is not None:
+        if meta.get("dataloader") is None:
+            raise ConfigurationError(f"{path} was saved without a dataloader position; pass dataloader= to save()")
+        dataloader.load_state(meta["dataloader"])
+
+
+def _load_optimizer(state: TrainState, path: Path) -> None:
+    if not (path / OPTIMIZER_FILE).is_file():
+        raise ResourceNotFoundError(f"{path} has no optimizer state (saved with save_optimizer=False)")
+    optimizer = state.require_optimizer()
+    saved = torch.load(path / OPTIMIZER_FILE, weights_only=False)
+    optimizer.load_state_dict(saved["optimizer"])
+    if saved["lr_scheduler"] is not None:
+        if state.lr_scheduler is None:
+            raise ConfigurationError(f"{path} has LR-scheduler state: call set_lr_scheduler(...) before resuming")
+        state.lr_scheduler.load_state_dict(saved["lr_scheduler"])
+
+
+def _load_full_weights(model: torch.nn.Module, path: Path) -> None:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ResourceNotFoundError(f"{path} has neither an adapter nor *.safetensors model weights")
+    state_dict: dict[str, torch.Tensor] = {}
+    for file in files:
+        state_dict.update(load_file(str(file)))
+    result = model.load_state_dict(state_dict, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or []) if model.config.tie_word_embeddings else set()
+    missing = [k for k in result.missing_keys if k not in tied]
+    if missing or result.unexpected_keys:
+        raise ConfigurationError(
+            f"{path} does not match this model: missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}"
+        )
+
+
+def _copy_tokenizer_files(source: Path, target: Path) -> None:
+    for file in source.iterdir():
+        if file.is_file() and file.name.startswith(_TOKENIZER_FILE_PREFIXES):
+            shutil.copy2(file, target / file.name)

@@ -1,0 +1,79 @@
+"""LoRA adapters through PEFT: add several named adapters to one model, save and load them.
+
+Adapters are saved in PEFT's own format (``adapter_config.json`` +
+``adapter_model.safetensors``, keys without the adapter name), so a plain
+``PeftModel.from_pretrained(base, path)`` loads any of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model
+from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file, save_file
+
+from twinkle.errors import ConfigurationError, ResourceNotFoundError
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def as_peft_config(config: PeftConfig | Mapping[str, Any]) -> PeftConfig:
+    """Accept a PEFT config or a dict of ``LoraConfig`` arguments."""
+    if isinstance(config, PeftConfig):
+        return config
+    if isinstance(config, Mapping):
+        try:
+            return LoraConfig(**config)
+        except TypeError as exc:
+            raise ConfigurationError(f"invalid LoRA config {dict(config)}: {exc}") from exc
+    raise ConfigurationError(f"adapter config must be a peft LoraConfig or a dict, got {type(config).__name__}")
+
+
+def add_adapter(model: torch.nn.Module, name: str, config: PeftConfig) -> PeftModel:
+    """Add adapter ``name``; the first one wraps the model into a ``PeftModel``."""
+    config.inference_mode = False
+    try:
+        if isinstance(model, PeftModel):
+            model.add_adapter(name, config)
+            return model
+        return get_peft_model(model, config, adapter_name=name)
+    except ValueError as exc:  # unknown target modules and similar
+        raise ConfigurationError(f"cannot add adapter {name!r}: {exc}") from exc
+
+
+def adapter_parameters(model: torch.nn.Module, name: str) -> list[torch.nn.Parameter]:
+    """The trainable tensors that belong to adapter ``name`` (LoRA A/B, modules_to_save copies)."""
+    marker = f".{name}."
+    params = [p for n, p in model.named_parameters() if marker in n]
+    for param in params:
+        param.requires_grad_(True)
+    return params
+
+
+def save_adapter(model: PeftModel, name: str, directory: Path, base_model_path: str) -> None:
+    """Write adapter ``name`` in PEFT's format into ``directory``."""
+    config = model.peft_config[name]
+    config.base_model_name_or_path = base_model_path
+    config.save_pretrained(str(directory))
+    state = {k: v.detach().contiguous().cpu() for k, v in get_peft_model_state_dict(model, adapter_name=name).items()}
+    save_file(state, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+
+
+def read_adapter_config(directory: Path) -> PeftConfig:
+    if not (directory / ADAPTER_CONFIG).is_file():
+        raise ResourceNotFoundError(f"{directory} is not a LoRA adapter checkpoint (no {ADAPTER_CONFIG})")
+    return PeftConfig.from_pretrained(str(directory))
+
+
+def load_adapter_weights(model: PeftModel, name: str, directory: Path) -> None:
+    """Load the weights saved by :func:`save_adapter` into the existing adapter ``name``."""
+    state = load_file(str(directory / ADAPTER_WEIGHTS), device=str(next(model.parameters()).device))
+    result = set_peft_model_state_dict(model, state, adapter_name=name)
+    unexpected = getattr(result, "unexpected_keys", None)
+    if unexpected:
+        raise ConfigurationError(f"adapter checkpoint {directory} does not match adapter {name!r}: {unexpected[:3]}")

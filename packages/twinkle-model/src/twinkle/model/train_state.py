@@ -1,0 +1,55 @@
+"""Everything one trainable unit (a LoRA adapter, or the full model) owns besides its weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from twinkle.errors import ConfigurationError
+from twinkle.interfaces import Loss, Metric
+from twinkle.model.training_metric import TrainingMetric
+
+FULL_MODEL = "__full_model__"  # the state key when no adapter is used
+
+
+@dataclass
+class TrainState:
+    """Per-adapter components and counters; adapters never share any of these."""
+
+    name: str
+    params: list[torch.nn.Parameter]
+    loss: Loss
+    processor: Any
+    gradient_accumulation_steps: int = 1
+    template: Any = None
+    optimizer: torch.optim.Optimizer | None = None
+    lr_scheduler: Any = None
+    metrics: list[Metric] = field(default_factory=list)
+    train_metric: TrainingMetric = field(default_factory=TrainingMetric)
+    eval_metric: TrainingMetric = field(default_factory=TrainingMetric)
+    accumulated: int = 0  # forward_backward calls since the last optimizer step
+    global_step: int = 0  # optimizer steps taken
+    pending: Any = None  # (batch, outputs, loss) of the last fine-grained forward/calculate_loss
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.name != FULL_MODEL
+
+    def require_optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            who = f"adapter {self.name!r}" if self.is_adapter else "the model"
+            raise ConfigurationError(f"no optimizer for {who}: call set_optimizer('AdamW', lr=...) first")
+        return self.optimizer  # type: ignore[return-value]
+
+    def current_lr(self) -> float | None:
+        return None if self.optimizer is None else float(self.optimizer.param_groups[0]["lr"])
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "global_step": self.global_step,
+            "accumulated": self.accumulated,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+        }
+

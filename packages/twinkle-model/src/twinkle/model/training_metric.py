@@ -1,0 +1,61 @@
+"""The built-in metric every adapter reports: loss, token accuracy, grad norm, lr, tokens/s."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from twinkle.interfaces import Metric
+
+
+class TrainingMetric(Metric):
+    """Accumulates per-call figures between two ``calculate_metric`` calls.
+
+    ``loss`` is the mean of the calls' losses; ``accuracy`` is over all
+    supervised tokens (argmax equals the label); ``tokens_per_second`` counts
+    every input token over the time spent in forward/backward.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._loss_sum = 0.0
+        self._calls = 0
+        self._correct = 0
+        self._supervised = 0
+        self._tokens = 0
+        self._seconds = 0.0
+        self._grad_norm: float | None = None
+        self._lr: float | None = None
+
+    def accumulate(self, **values: Any) -> None:
+        """Keys: ``loss``, ``correct_tokens``, ``supervised_tokens``, ``tokens``, ``seconds``, ``grad_norm``, ``lr``."""
+        if "loss" in values:
+            self._loss_sum += float(values["loss"])
+            self._calls += 1
+        self._correct += int(values.get("correct_tokens", 0))
+        self._supervised += int(values.get("supervised_tokens", 0))
+        self._tokens += int(values.get("tokens", 0))
+        self._seconds += float(values.get("seconds", 0.0))
+        if values.get("grad_norm") is not None:
+            self._grad_norm = float(values["grad_norm"])
+        if values.get("lr") is not None:
+            self._lr = float(values["lr"])
+
+    def calculate(self) -> dict[str, float]:
+        result: dict[str, float] = {}
+        if self._calls:
+            result["loss"] = self._loss_sum / self._calls
+        if self._supervised:
+            result["accuracy"] = self._correct / self._supervised
+            result["num_supervised_tokens"] = float(self._supervised)
+        if self._tokens:
+            result["num_tokens"] = float(self._tokens)
+            if self._seconds > 0:
+                result["tokens_per_second"] = self._tokens / self._seconds
+        if self._grad_norm is not None and math.isfinite(self._grad_norm):
+            result["grad_norm"] = self._grad_norm
+        if self._lr is not None:
+            result["lr"] = self._lr
+        return result
