@@ -1,0 +1,7 @@
+"""Chat-template encoding: :class:`Template` turns trajectories into token ids with assistant-only labels."""
+
+from twinkle.template.errors import SequenceTooLongError, TemplateError
+from twinkle.template.template import Template
+from twinkle.template.truncation import TRUNCATION_STRATEGIES, TruncationStrategy
+
+__all__ = ["TRUNCATION_STRATEGIES", "SequenceTooLongError", "Template", "TemplateError", "TruncationStrategy"]

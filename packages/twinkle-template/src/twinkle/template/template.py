@@ -1,0 +1,250 @@
+"""``Template``: trajectories to token ids and assistant-only labels through the model's own chat template.
+
+The text is always rendered by ``tokenizer.apply_chat_template`` (with the
+trajectory's tools and ``enable_thinking``), so an encoded sequence is token
+for token what the model sees at inference. Labels are found by rendering
+prefixes, not by model-specific string rules (see :mod:`twinkle.template.loss_mask`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from twinkle.data_format import IGNORE_INDEX, InputFeature, Trajectory, make_input_feature, validate_trajectory
+from twinkle.errors import InvalidInputError
+from twinkle.hub import resolve_model
+from twinkle.registry import register
+from twinkle.template.errors import TemplateError
+from twinkle.template.loss_mask import assistant_token_mask
+from twinkle.template.truncation import TruncationStrategy, check_truncation_args, truncate
+from twinkle.utils import get_logger
+
+logger = get_logger(__name__)
+
+
+@register("template")
+class Template:
+    """Encodes trajectories for one model.
+
+    ``model_id`` is anything :func:`twinkle.hub.resolve_model` accepts (``None``
+    is the built-in tiny Qwen3); pass ``tokenizer=`` to use an already loaded
+    fast tokenizer instead. ``chat_template`` overrides the tokenizer's own.
+    ``default_system`` is prepended to conversations without a system message.
+    """
+
+    def __init__(
+        self,
+        model_id: str | None = None,
+        max_length: int | None = 8192,
+        truncation_strategy: TruncationStrategy = "raise",
+        default_system: str | None = None,
+        enable_thinking: bool = True,
+        chat_template: str | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ) -> None:
+        check_truncation_args(max_length, truncation_strategy)
+        self.max_length = max_length
+        self.truncation_strategy = truncation_strategy
+        self.default_system = default_system
+        self.enable_thinking = enable_thinking
+        model_dir = None
+        if tokenizer is None:
+            model_dir = Path(resolve_model(model_id))
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model_id = model_id or tokenizer.name_or_path
+        if not getattr(tokenizer, "is_fast", False):
+            raise TemplateError(
+                f"Template needs a fast tokenizer (its offset mapping locates assistant tokens); "
+                f"{self.model_id!r} gave {type(tokenizer).__name__}"
+            )
+        if chat_template is None and not tokenizer.chat_template:
+            raise TemplateError(
+                f"the tokenizer of {self.model_id!r} has no chat template; pass one as Template(chat_template=...)"
+            )
+        self._tokenizer = tokenizer
+        self._chat_template = chat_template
+        self._eos_token_ids = _eos_token_ids(tokenizer, model_dir)
+        self._end_of_turn_ids = frozenset(self._eos_token_ids)
+        self._special_ids = _special_ids(tokenizer)
+        self._warned_no_end_of_turn = False
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self._tokenizer
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._tokenizer.eos_token_id
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Every id that ends generation: the tokenizer's eos plus the model's ``generation_config.json`` ones."""
+        return list(self._eos_token_ids)
+
+    @property
+    def pad_token_id(self) -> int | None:
+        """The tokenizer's pad id, falling back to eos (padded positions are masked out anyway)."""
+        pad = self._tokenizer.pad_token_id
+        return self.eos_token_id if pad is None else pad
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids the tokenizer can produce, added tokens included."""
+        return len(self._tokenizer)
+
+    def check(self, trajectory: Trajectory) -> Trajectory:
+        """Validate a trajectory (and its ``rejected_messages``) before encoding; return it unchanged."""
+        validate_trajectory(trajectory)
+        tools = trajectory.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise InvalidInputError(f"trajectory.tools must be a list of tools, got {type(tools).__name__}")
+        rejected = trajectory.get("rejected_messages")
+        if rejected is not None:
+            validate_trajectory({"messages": rejected}, "trajectory.rejected_messages")
+        return trajectory
+
+    def encode(self, trajectory: Trajectory, add_generation_prompt: bool = False) -> InputFeature | None:
+        """Encode one trajectory; ``None`` when it is too long under ``truncation_strategy='delete'``.
+
+        Training encodes label every assistant turn. With ``add_generation_prompt``
+        the trailing assistant messages (a reference answer) are not rendered, the
+        prompt ends with the generation prompt and nothing is labelled; the
+        feature's ``messages`` still holds them. A trajectory with
+        ``rejected_messages`` (a preference pair) gets the encoded alternative
+        under ``rejected``; it is not encoded for generation, whose prompt is shared.
+        """
+        self.check(trajectory)
+        tools = trajectory.get("tools") or None
+        extra: dict[str, Any] = {"messages": trajectory["messages"]}
+        if trajectory.get("user_data") is not None:
+            extra["user_data"] = trajectory["user_data"]
+        if add_generation_prompt:
+            return self._encode_prompt(trajectory["messages"], tools, extra)
+        feature = self._encode_conversation(trajectory["messages"], tools, "trajectory.messages", extra)
+        rejected = trajectory.get("rejected_messages")
+        if feature is None or rejected is None:
+            return feature
+        where = "trajectory.rejected_messages"
+        rejected_feature = self._encode_conversation(rejected, tools, where, {"messages": rejected})
+        if rejected_feature is None:
+            return None
+        feature["rejected"] = rejected_feature  # type: ignore[typeddict-unknown-key]
+        return feature
+
+    def batch_encode(
+        self, trajectories: Sequence[Trajectory], add_generation_prompt: bool = False
+    ) -> list[InputFeature | None]:
+        """:meth:`encode` each trajectory, keeping positions (deleted rows are ``None``)."""
+        return [self.encode(trajectory, add_generation_prompt) for trajectory in trajectories]
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(self, batch_token_ids: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
+        return [self.decode(token_ids, skip_special_tokens) for token_ids in batch_token_ids]
+
+    def _encode_conversation(
+        self, messages: list[Mapping[str, Any]], tools: list[Any] | None, where: str, extra: dict[str, Any]
+    ) -> InputFeature | None:
+        chat, names = self._chat(messages, where)
+        text = self._render(chat, tools, add_generation_prompt=False)
+        encoding = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        input_ids = encoding["input_ids"]
+        mask = assistant_token_mask(
+            chat,
+            text,
+            input_ids,
+            encoding["offset_mapping"],
+            lambda prompt: self._render(prompt, tools, add_generation_prompt=True),
+            self._end_of_turn_ids,
+            self._special_ids,
+            names,
+        )
+        self._warn_if_turns_never_end(input_ids, mask)
+        labels = [token if trained else IGNORE_INDEX for token, trained in zip(input_ids, mask, strict=True)]
+        kept = truncate(input_ids, labels, self.max_length, self.truncation_strategy, where)
+        return None if kept is None else make_input_feature(kept[0], kept[1], **extra)
+
+    def _encode_prompt(
+        self, messages: list[Mapping[str, Any]], tools: list[Any] | None, extra: dict[str, Any]
+    ) -> InputFeature | None:
+        end = len(messages)
+        while end and messages[end - 1]["role"] == "assistant":
+            end -= 1
+        if end == 0:
+            raise InvalidInputError("trajectory.messages holds only assistant messages: there is no prompt to encode")
+        chat, _ = self._chat(messages[:end], "trajectory.messages")
+        text = self._render(chat, tools, add_generation_prompt=True)
+        input_ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
+        labels = [IGNORE_INDEX] * len(input_ids)
+        kept = truncate(input_ids, labels, self.max_length, self.truncation_strategy, "trajectory.messages")
+        return None if kept is None else make_input_feature(kept[0], kept[1], **extra)
+
+    def _chat(self, messages: Sequence[Mapping[str, Any]], where: str) -> tuple[list[dict[str, Any]], list[str]]:
+        """Messages as chat templates expect them, and each one's name for error messages."""
+        chat = [_chat_message(message) for message in messages]
+        names = [f"{where}[{index}]" for index in range(len(chat))]
+        if self.default_system is not None and chat[0]["role"] != "system":
+            chat.insert(0, {"role": "system", "content": self.default_system})
+            names.insert(0, "default_system")
+        return chat, names
+
+    def _render(self, chat: list[dict[str, Any]], tools: list[Any] | None, add_generation_prompt: bool) -> str:
+        try:
+            return self._tokenizer.apply_chat_template(
+                chat,
+                tools=tools,
+                chat_template=self._chat_template,
+                add_generation_prompt=add_generation_prompt,
+                enable_thinking=self.enable_thinking,
+                tokenize=False,
+            )
+        except jinja2.TemplateError as exc:
+            raise TemplateError(
+                f"the chat template of {self.model_id!r} cannot render this conversation: {exc}"
+            ) from exc
+
+    def _warn_if_turns_never_end(self, input_ids: list[int], mask: list[int]) -> None:
+        """Warn once if trained turns hold no end-of-turn token: the model would never learn to stop."""
+        if self._warned_no_end_of_turn or not any(mask):
+            return
+        if any(trained and token in self._end_of_turn_ids for token, trained in zip(input_ids, mask, strict=True)):
+            return
+        self._warned_no_end_of_turn = True
+        logger.warning(
+            "the chat template of %r closes assistant turns with none of the eos tokens %s, so no end-of-turn token "
+            "is trained; use a tokenizer whose eos_token ends a turn",
+            self.model_id,
+            self._tokenizer.convert_ids_to_tokens(list(self._eos_token_ids)),
+        )
+
+
+def _chat_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """Drop empty fields (``datasets`` fills absent keys with None) and give tool calls the OpenAI layout."""
+    chat = {key: value for key, value in message.items() if value is not None}
+    if chat.get("tool_calls"):
+        chat["tool_calls"] = [
+            call if "function" in call else {"type": "function", "function": dict(call)} for call in chat["tool_calls"]
+        ]
+    return chat
+
+
+def _special_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """Named special tokens plus added tokens flagged special (chat markers such as ``<|im_start|>``)."""
+    flagged = (index for index, token in tokenizer.added_tokens_decoder.items() if token.special)
+    return frozenset(tokenizer.all_special_ids).union(flagged)
+
+
+def _eos_token_ids(tokenizer: PreTrainedTokenizerBase, model_dir: Path | None) -> tuple[int, ...]:
+    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    config = None if model_dir is None else model_dir / "generation_config.json"
+    if config is not None and config.is_file():
+        configured = json.loads(config.read_text()).get("eos_token_id")
+        ids += configured if isinstance(configured, list) else [] if configured is None else [configured]
+    return tuple(dict.fromkeys(ids))
