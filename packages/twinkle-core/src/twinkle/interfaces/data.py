@@ -33,8 +33,11 @@ class Template(Protocol):
 
     max_length: int | None
 
-    def encode(self, trajectory: Trajectory, add_generation_prompt: bool = False) -> InputFeature:
-        """Encode one trajectory; labels cover assistant tokens unless a generation prompt is added."""
+    def encode(self, trajectory: Trajectory, add_generation_prompt: bool = False) -> InputFeature | None:
+        """Encode one trajectory; labels cover assistant tokens unless a generation prompt is added.
+
+        ``None`` means the trajectory was dropped on purpose (e.g. too long under a 'delete' policy).
+        """
         ...
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:

@@ -26,7 +26,7 @@ class CrossEntropyLoss(Loss):
         self.reduction = TokenReduction(reduction)
 
     def normalizer(self, inputs: Mapping[str, Any]) -> float:
-        """The whole batch's denominator (see :class:`TokenReduction`)."""
+        """The whole batch's denominator (see :class:`TokenReduction`); raises if nothing is supervised."""
         return self.reduction.normalizer(inputs)
 
     def __call__(
