@@ -286,6 +286,32 @@ class TransformersModel:
             user_metric.reset()
         return result
 
+    def generate(
+        self, input_ids: Sequence[int], max_new_tokens: int = 64, adapter_name: str | None = None
+    ) -> list[int]:
+        """Greedy continuation of one prompt with this adapter: a quick check of what training did.
+
+        Batched sampling with temperatures, log-probs and per-row adapters is the sampler's job.
+        """
+        state = self._state(adapter_name)
+        feature = self._batches.features(state, [{"input_ids": list(input_ids)}])[0]
+        if state.is_adapter and isinstance(self.model, PeftModel):
+            self.model.set_adapter(state.name)
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                prompt = torch.tensor([feature["input_ids"]], device=self.device)
+                output = self.model.generate(
+                    input_ids=prompt,
+                    attention_mask=torch.ones_like(prompt),
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=self.pad_token_id,
+                )
+        finally:
+            self.model.train()
+        return output[0, prompt.shape[1] :].tolist()
+
     # ------------------------------------------------------------------ checkpoints
 
     def save(

@@ -1,0 +1,1 @@
+"""Ready-made training recipes behind the ``twinkle`` command (``twinkle sft``)."""
