@@ -24,8 +24,9 @@ $(STAMP): $(PYPROJECTS)
 	$(PIP) install --quiet $(EDITABLES) -r requirements-dev.txt
 	touch $(STAMP)
 
+# The main job on the embedded default: LoRA SFT on self-cognition, then the model answers.
 demo: install
-	$(PY) tools/demo.py
+	$(PY) cookbook/sft/self_cognition.py
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

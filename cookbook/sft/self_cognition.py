@@ -69,7 +69,7 @@ def ask(model: TransformersModel, questions: list[str], max_new_tokens: int = 40
     return answers
 
 
-def save_loss_curve(losses: list[float], path: str) -> None:
+def save_loss_curve(losses: list[float], path: str, title: str = "LoRA SFT on self-cognition") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,7 +79,7 @@ def save_loss_curve(losses: list[float], path: str) -> None:
     plt.plot(range(1, len(losses) + 1), losses)
     plt.xlabel("step")
     plt.ylabel("training loss")
-    plt.title("LoRA SFT on self-cognition")
+    plt.title(title)
     plt.tight_layout()
     plt.savefig(path, dpi=120)
     plt.close()

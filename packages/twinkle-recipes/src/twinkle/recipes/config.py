@@ -3,6 +3,8 @@
 Every dataclass field becomes a flag (``--lr 1e-4``, ``--lora null``); flag
 values are parsed as YAML, so numbers, booleans, ``null`` and inline mappings
 (``--lora '{r: 8, lora_alpha: 16}'``) work without per-field parsing code.
+YAML 1.1 reads ``1e-4`` (no dot) as a string, so text given for a numeric
+option is converted to a number.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ def load_config(cls: type[C], argv: Sequence[str], prog: str, description: str) 
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", type=Path, help="YAML file with any of the options below")
     for name, field in fields.items():
-        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, metavar="VALUE",
-                            help=f"default: {default!r}")
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", dest=name, default=None, metavar="VALUE", help=f"default: {_default(field)!r}"
+        )
     args = parser.parse_args(list(argv))
     values: dict[str, Any] = {}
     if args.config is not None:
@@ -37,6 +39,8 @@ def load_config(cls: type[C], argv: Sequence[str], prog: str, description: str) 
         raw = getattr(args, name)
         if raw is not None:
             values[name] = yaml.safe_load(raw)
+    defaults = {name: _default(field) for name, field in fields.items()}
+    values = {name: _numeric(value, defaults[name], name) for name, value in values.items()}
     try:
         return cls(**values)
     except TypeError as exc:
@@ -56,3 +60,17 @@ def _read_yaml(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ConfigurationError(f"config file {path} has unknown option(s) {unknown}; known: {sorted(fields)}")
     return data
+
+
+def _default(field: dataclasses.Field) -> Any:
+    return field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
+
+
+def _numeric(value: Any, default: Any, name: str) -> Any:
+    """``'1e-4'`` for a float option becomes ``0.0001``; anything else is left for the config to validate."""
+    if isinstance(value, str) and isinstance(default, (int, float)) and not isinstance(default, bool):
+        try:
+            return type(default)(value) if isinstance(default, float) else int(value)
+        except ValueError:
+            raise ConfigurationError(f"option {name} expects a number, got {value!r}") from None
+    return value

@@ -84,7 +84,9 @@ def build_model(config: SFTConfig, num_training_steps: int) -> TransformersModel
         model.add_adapter_to_model("default", config.lora, config.gradient_accumulation_steps)
     model.set_optimizer(config.optimizer, lr=config.lr, weight_decay=config.weight_decay)
     model.set_lr_scheduler(
-        config.lr_scheduler, num_warmup_steps=config.warmup_steps, num_training_steps=num_training_steps
+        config.lr_scheduler,
+        num_warmup_steps=min(config.warmup_steps, num_training_steps),  # short runs warm up for the whole run
+        num_training_steps=num_training_steps,
     )
     if config.padding_free:
         model.set_processor("InputProcessor", padding_free=True)
@@ -102,8 +104,9 @@ def run(config: SFTConfig) -> dict[str, Any]:
     losses: list[float] = []
     checkpoint = None
     position = dataloader.get_state()  # not at zero when resumed
-    start_epoch = position["epoch"]
-    done = start_epoch * len(dataloader) + position["batches_consumed"]
+    finished = position["batches_consumed"] >= len(dataloader)  # a finished epoch rolls over on iteration
+    start_epoch = position["epoch"] + int(finished)
+    done = start_epoch * len(dataloader) + (0 if finished else position["batches_consumed"])
     progress = tqdm(total=config.epochs * len(dataloader), initial=done, desc="sft")
     for epoch in range(start_epoch, config.epochs):
         for batch in dataloader:
