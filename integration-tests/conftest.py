@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

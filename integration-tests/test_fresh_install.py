@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-TORCH_FREE = {"twinkle-core", "twinkle-preprocessor", "twinkle-dataloader", "twinkle-reward", "twinkle-client"}
+TORCH_FREE = {
+    "twinkle-core",
+    "twinkle-hub",
+    "twinkle-dataset",
+    "twinkle-template",
+    "twinkle-preprocessor",
+    "twinkle-dataloader",
+    "twinkle-reward",
+    "twinkle-client",
+}
 TORCH_PIN = "torch==2.13.0"  # the CPU build CPU machines install locally (see Makefile)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -59,3 +68,32 @@ def test_installs_alone_and_imports(leaf_distribution, wheelhouse, tmp_path):
     siblings = {line.split("==")[0] for line in installed.stdout.splitlines() if line.startswith("twinkle")}
     expected = {dist.name} | {dep for dep in dist.dependency_names if dep.startswith("twinkle")}
     assert siblings == expected, f"{dist.name} pulled in {siblings - expected}"
+
+
+def test_third_party_plugin_resolves_by_name(wheelhouse, tmp_path):
+    """A package that only depends on twinkle-core publishes a preprocessor that resolves by name."""
+    plugin = tmp_path / "shout-plugin"
+    (plugin / "shout_plugin").mkdir(parents=True)
+    (plugin / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n'
+        '[project]\nname = "shout-plugin"\nversion = "1.0"\ndependencies = ["twinkle-core"]\n'
+        '[project.entry-points."twinkle.preprocessor"]\nShout = "shout_plugin:Shout"\n'
+    )
+    (plugin / "shout_plugin" / "__init__.py").write_text(
+        "from twinkle.interfaces import Preprocessor\n\n"
+        "class Shout(Preprocessor):\n"
+        "    def __init__(self, suffix='!'):\n        self.suffix = suffix\n"
+        "    def preprocess(self, row):\n"
+        "        return {'messages': [{'role': 'user', 'content': row['text'].upper() + self.suffix}]}\n"
+    )
+    venv.create(tmp_path / "venv", with_pip=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    _pip(python, "--find-links", str(wheelhouse), str(plugin))
+    check = (
+        "from twinkle.registry import build, get_registry\n"
+        "shout = build('preprocessor', 'Shout', suffix='?')\n"
+        "assert shout({'text': 'hi'})['messages'][0]['content'] == 'HI?', shout({'text': 'hi'})\n"
+        "assert 'Shout' in get_registry('preprocessor').names()\n"
+    )
+    result = subprocess.run([str(python), "-c", check], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

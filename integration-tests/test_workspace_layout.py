@@ -93,7 +93,9 @@ def test_sibling_imports_are_declared(distributions):
                     sub = node.module.split(".")[1]
                     needed = owner.get(sub, "twinkle-core")
                     if needed != dist.name and needed not in dist.dependency_names:
-                        problems.append(f"{dist.name} imports {node.module} ({path.name}) without depending on {needed}")
+                        problems.append(
+                            f"{dist.name} imports {node.module} ({path.name}) without depending on {needed}"
+                        )
     assert not problems, "\n".join(problems)
 
 

@@ -30,7 +30,7 @@ def main() -> None:
     save_loss_curve(losses, os.path.join(OUTPUT_DIR, "loss.png"), title="Full-parameter SFT on self-cognition")
     checkpoint = model.save("last-checkpoint", output_dir=OUTPUT_DIR, save_optimizer=False)
     print(f"loss: first step {losses[0]:.3f} -> last step {losses[-1]:.3f}; model saved to {checkpoint}")
-    for question, answer in zip(QUESTIONS, ask(model, QUESTIONS)):
+    for question, answer in zip(QUESTIONS, ask(model, QUESTIONS), strict=True):
         print(f"Q: {question}\nA: {answer}")
 
 

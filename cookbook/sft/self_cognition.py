@@ -94,7 +94,7 @@ def main() -> None:
     save_loss_curve(losses, os.path.join(OUTPUT_DIR, "loss.png"))
     checkpoint = model.save("last-checkpoint", output_dir=OUTPUT_DIR)
     print(f"loss: first step {losses[0]:.3f} -> last step {losses[-1]:.3f}; adapter saved to {checkpoint}")
-    for question, answer in zip(QUESTIONS, ask(model, QUESTIONS)):
+    for question, answer in zip(QUESTIONS, ask(model, QUESTIONS), strict=True):
         print(f"Q: {question}\nA: {answer}")
 
 

@@ -11,7 +11,9 @@ class _FakeEntryPoint:
 
 def test_dispatches_to_the_named_plugin(monkeypatch, capsys):
     seen = []
-    monkeypatch.setattr(cli, "_commands", lambda: {"echo": _FakeEntryPoint("echo", lambda argv: seen.append(argv) or 3)})
+    monkeypatch.setattr(
+        cli, "_commands", lambda: {"echo": _FakeEntryPoint("echo", lambda argv: seen.append(argv) or 3)}
+    )
     assert cli.main(["echo", "--flag", "x"]) == 3
     assert seen == [["--flag", "x"]]
     assert cli.main(["--help"]) == 0

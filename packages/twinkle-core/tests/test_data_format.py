@@ -100,7 +100,9 @@ def test_sampling_params_json_round_trip_and_unknown_fields():
 def test_sample_response_round_trip_with_nested_sequences():
     feature = make_input_feature([1, 2, 3], labels=[IGNORE_INDEX, 2, 3])
     response = SampleResponse(
-        sequences=[SampledSequence(tokens=[2, 3], stop_reason="stop", logprobs=[-0.1, -0.2], new_input_feature=feature)],
+        sequences=[
+            SampledSequence(tokens=[2, 3], stop_reason="stop", logprobs=[-0.1, -0.2], new_input_feature=feature)
+        ],
         prompt_token_ids=[[1]],
     )
     restored = SampleResponse.from_dict(json.loads(json.dumps(response.to_dict())))

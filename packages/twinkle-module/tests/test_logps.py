@@ -28,7 +28,7 @@ def test_chunked_logps_match_full_logits_values_and_gradients(chunk_size, max_sa
     ref_grads = torch.autograd.grad((ref * upstream).sum(), (hidden, weight))
 
     torch.testing.assert_close(ours.double(), ref, atol=1e-6, rtol=0)
-    for got, want in zip(grads, ref_grads):
+    for got, want in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
     assert (ours[:2] == 0).all()
     assert torch.equal(correct, (hidden @ weight.T).argmax(-1) == labels)

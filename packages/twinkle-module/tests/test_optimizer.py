@@ -15,11 +15,11 @@ def test_names_classes_and_default():
 
 def test_errors_are_clear():
     params = [torch.nn.Parameter(torch.zeros(2))]
-    with pytest.raises(ComponentNotFoundError, match="unknown optimizer 'Adamw'.*AdamW"):
+    with pytest.raises(ComponentNotFoundError, match=r"unknown optimizer 'Adamw'.*AdamW"):
         optimizer_class("Adamw")
     with pytest.raises(ConfigurationError, match="cannot build optimizer AdamW"):
         build_optimizer("AdamW", params, lr=-1.0)
     with pytest.raises(ConfigurationError, match="not an instance"):
         build_optimizer(torch.optim.SGD(params, lr=0.1), params)
-    with pytest.raises(ConfigurationError, match="not a torch.optim.Optimizer"):
+    with pytest.raises(ConfigurationError, match=r"not a torch\.optim\.Optimizer"):
         optimizer_class(dict)

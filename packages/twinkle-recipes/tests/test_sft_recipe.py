@@ -48,7 +48,10 @@ def test_missing_config_file(tmp_path):
 @pytest.fixture
 def small_dataset(tmp_path):
     """Twelve self-cognition rows: three batches of four per epoch."""
-    rows = [{"query": f"Question {i}: who are you?", "response": f"I am {{{{NAME}}}}, made by {{{{AUTHOR}}}} ({i})."} for i in range(12)]
+    rows = [
+        {"query": f"Question {i}: who are you?", "response": f"I am {{{{NAME}}}}, made by {{{{AUTHOR}}}} ({i})."}
+        for i in range(12)
+    ]
     path = tmp_path / "data" / "train.jsonl"
     path.parent.mkdir()
     path.write_text("\n".join(json.dumps(row) for row in rows))
@@ -72,11 +75,24 @@ def test_cli_trains_saves_and_resumes_exactly(tmp_path, small_dataset):
     )
     assert resumed["losses"] == full["losses"][3:]
     summary = json.loads((tmp_path / "full" / "summary.json").read_text())
-    assert summary["checkpoint"].endswith("epoch-2") and (tmp_path / "full" / "epoch-2" / "adapter_config.json").is_file()
+    assert (
+        summary["checkpoint"].endswith("epoch-2") and (tmp_path / "full" / "epoch-2" / "adapter_config.json").is_file()
+    )
 
 
 def test_main_prints_a_summary(tmp_path, small_dataset, capsys):
-    argv = ["--dataset", small_dataset, "--epochs", "1", "--output-dir", str(tmp_path), "--lora", "null", "--lr", "1e-4"]
+    argv = [
+        "--dataset",
+        small_dataset,
+        "--epochs",
+        "1",
+        "--output-dir",
+        str(tmp_path),
+        "--lora",
+        "null",
+        "--lr",
+        "1e-4",
+    ]
     assert sft.main(argv) == 0
     out = capsys.readouterr().out
     assert "trained 2 steps" in out and "checkpoint:" in out

@@ -29,7 +29,17 @@ _LAZY_EXPORTS = {
     "init_tinker_client": "twinkle_client",
 }
 
-__all__ = sorted(_LAZY_EXPORTS)
+__all__ = [
+    "DeviceGroup",
+    "DeviceMesh",
+    "get_device_placement",
+    "get_logger",
+    "init_tinker_client",
+    "init_twinkle_client",
+    "initialize",
+    "is_master",
+    "seed_everything",
+]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from twinkle.infra import get_device_placement, initialize, is_master

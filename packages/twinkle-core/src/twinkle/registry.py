@@ -78,7 +78,9 @@ class Registry:
             return _import_path(name, self.kind)
         ep = self._entry_points().get(name)
         if ep is None:
-            raise ComponentNotFoundError(f"unknown {self.kind} {name!r}; available: {', '.join(self.names()) or 'none'}")
+            raise ComponentNotFoundError(
+                f"unknown {self.kind} {name!r}; available: {', '.join(self.names()) or 'none'}"
+            )
         self._items[name] = ep.load()
         return self._items[name]
 
@@ -94,7 +96,9 @@ class Registry:
             try:
                 return spec(**kwargs)
             except TypeError as exc:
-                raise ConfigurationError(f"cannot build {self.kind} {_name(spec)} with {sorted(kwargs)}: {exc}") from exc
+                raise ConfigurationError(
+                    f"cannot build {self.kind} {_name(spec)} with {sorted(kwargs)}: {exc}"
+                ) from exc
         if kwargs:
             raise ConfigurationError(
                 f"{self.kind} {_name(spec)} is already an instance; arguments {sorted(kwargs)} would be ignored"

@@ -91,18 +91,18 @@ def validate_input_feature(
         raise InvalidInputError(f"{where}.input_ids is empty")
     for name in TOKEN_FIELDS[1:]:
         if out.get(name) is not None and len(out[name]) != len(ids):
-            raise InvalidInputError(
-                f"{where}.{name} has length {len(out[name])} but input_ids has length {len(ids)}"
-            )
+            raise InvalidInputError(f"{where}.{name} has length {len(out[name])} but input_ids has length {len(ids)}")
     if vocab_size is not None:
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
-            raise InvalidInputError(f"{where}.input_ids contains ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+            raise InvalidInputError(
+                f"{where}.input_ids contains ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"
+            )
     elif any(t < 0 for t in ids):
         raise InvalidInputError(f"{where}.input_ids contains negative ids")
     labels, loss_mask = out.get("labels"), out.get("loss_mask")
     if labels is not None and loss_mask is not None:
-        for i, (label, mask) in enumerate(zip(labels, loss_mask)):
+        for i, (label, mask) in enumerate(zip(labels, loss_mask, strict=True)):
             if mask not in (0, 1) or (mask == 1) != (label != IGNORE_INDEX):
                 raise InvalidInputError(
                     f"{where}.loss_mask[{i}]={mask} disagrees with labels[{i}]={label} "

@@ -42,12 +42,24 @@ class SamplingParams(Serializable):
             if not ok:
                 raise InvalidInputError(f"SamplingParams.{message}")
 
-        need(_is_int(self.max_tokens) and self.max_tokens >= 1, f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        need(
+            _is_int(self.max_tokens) and self.max_tokens >= 1,
+            f"max_tokens must be an int >= 1, got {self.max_tokens!r}",
+        )
         need(_is_num(self.temperature) and self.temperature >= 0, f"temperature must be >= 0, got {self.temperature!r}")
-        need(_is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1), f"top_k must be -1 or >= 1, got {self.top_k!r}")
+        need(
+            _is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1),
+            f"top_k must be -1 or >= 1, got {self.top_k!r}",
+        )
         need(_is_num(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
-        need(_is_int(self.num_samples) and self.num_samples >= 1, f"num_samples must be an int >= 1, got {self.num_samples!r}")
-        need(self.seed is None or (_is_int(self.seed) and self.seed >= 0), f"seed must be a non-negative int, got {self.seed!r}")
+        need(
+            _is_int(self.num_samples) and self.num_samples >= 1,
+            f"num_samples must be an int >= 1, got {self.num_samples!r}",
+        )
+        need(
+            self.seed is None or (_is_int(self.seed) and self.seed >= 0),
+            f"seed must be a non-negative int, got {self.seed!r}",
+        )
         need(_is_num(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty must be > 0")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)

@@ -190,7 +190,11 @@ class DeviceMesh:
         return slice(start, start + base + (1 if index < extra else 0))
 
     def to_dict(self) -> dict[str, Any]:
-        return {**{f"{d}_size": s for d, s in self.sizes.items()}, "ep_size": self.ep_size, "device_type": self.device_type}
+        return {
+            **{f"{d}_size": s for d, s in self.sizes.items()},
+            "ep_size": self.ep_size,
+            "device_type": self.device_type,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DeviceMesh:

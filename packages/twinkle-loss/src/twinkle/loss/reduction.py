@@ -24,7 +24,9 @@ def token_weights(inputs: Mapping[str, Any]) -> torch.Tensor:
     if weights is None:
         weights = inputs.get("loss_mask")
     if weights is None:
-        raise InvalidInputError("the batch has neither 'loss_mask' nor 'loss_weights'; nothing says which tokens to train")
+        raise InvalidInputError(
+            "the batch has neither 'loss_mask' nor 'loss_weights'; nothing says which tokens to train"
+        )
     return weights.float()
 
 

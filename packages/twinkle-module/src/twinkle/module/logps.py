@@ -63,7 +63,9 @@ class _ChunkedTokenLogps(torch.autograd.Function):
         hidden_NH, weight_VH, labels_N = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden_NH) if need_hidden else None
-        grad_weight = torch.zeros(weight_VH.shape, dtype=torch.float32, device=weight_VH.device) if need_weight else None
+        grad_weight = (
+            torch.zeros(weight_VH.shape, dtype=torch.float32, device=weight_VH.device) if need_weight else None
+        )
         for index, start in enumerate(range(0, hidden_NH.shape[0], ctx.chunk_size)):
             end = start + ctx.chunk_size
             hidden_CH, labels_C = hidden_NH[start:end], labels_N[start:end]

@@ -31,8 +31,9 @@ def optimizer_class(spec: str | type[torch.optim.Optimizer]) -> type[torch.optim
         return get_registry("optimizer").get(name)
     except ComponentNotFoundError:
         known = sorted(n for n in dir(torch.optim) if isinstance(getattr(torch.optim, n), type) and n[0].isupper())
-        raise ComponentNotFoundError(f"unknown optimizer {spec!r}; use a torch.optim name ({', '.join(known)}) "
-                                     "or a registered optimizer") from None
+        raise ComponentNotFoundError(
+            f"unknown optimizer {spec!r}; use a torch.optim name ({', '.join(known)}) or a registered optimizer"
+        ) from None
 
 
 def build_optimizer(
@@ -42,7 +43,9 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """Instantiate an optimizer over ``params``; bad hyper-parameters become ConfigurationError."""
     if isinstance(spec, torch.optim.Optimizer):
-        raise ConfigurationError("pass an optimizer class or name, not an instance: it must own this model's parameters")
+        raise ConfigurationError(
+            "pass an optimizer class or name, not an instance: it must own this model's parameters"
+        )
     cls = optimizer_class(spec)
     try:
         return cls(params, **kwargs)

@@ -29,7 +29,11 @@ def load_config(cls: type[C], argv: Sequence[str], prog: str, description: str) 
     parser.add_argument("--config", type=Path, help="YAML file with any of the options below")
     for name, field in fields.items():
         parser.add_argument(
-            f"--{name.replace('_', '-')}", dest=name, default=None, metavar="VALUE", help=f"default: {_default(field)!r}"
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            default=None,
+            metavar="VALUE",
+            help=f"default: {_default(field)!r}",
         )
     args = parser.parse_args(list(argv))
     values: dict[str, Any] = {}

@@ -70,7 +70,10 @@ class SFTConfig:
 def build_dataloader(config: SFTConfig) -> DataLoader:
     dataset = Dataset(DatasetMeta(config.dataset, split=config.split))
     dataset.set_template(
-        "Template", model_id=config.model_id, max_length=config.max_length, truncation_strategy=config.truncation_strategy
+        "Template",
+        model_id=config.model_id,
+        max_length=config.max_length,
+        truncation_strategy=config.truncation_strategy,
     )
     if config.preprocessor:
         dataset.map(build("preprocessor", config.preprocessor, **config.preprocessor_args))
@@ -118,7 +121,12 @@ def run(config: SFTConfig) -> dict[str, Any]:
         if (epoch + 1) % config.save_every_epochs == 0 or epoch + 1 == config.epochs:
             checkpoint = model.save(f"epoch-{epoch + 1}", output_dir=config.output_dir, dataloader=dataloader)
     progress.close()
-    summary = {"losses": losses, "checkpoint": checkpoint, "metrics": model.calculate_metric(), "config": asdict(config)}
+    summary = {
+        "losses": losses,
+        "checkpoint": checkpoint,
+        "metrics": model.calculate_metric(),
+        "config": asdict(config),
+    }
     os.makedirs(config.output_dir, exist_ok=True)
     with open(os.path.join(config.output_dir, "summary.json"), "w") as handle:
         json.dump(summary, handle, indent=2)
