@@ -3,12 +3,28 @@ import os
 import tempfile
 
 import pytest
+import torch
 
 os.environ.setdefault("TWINKLE_CACHE_DIR", tempfile.mkdtemp(prefix="twinkle-test-cache-"))
 
-from peft import LoraConfig  # noqa: E402
+from peft import LoraConfig
 
-from twinkle.hub import resolve_dataset  # noqa: E402
+from twinkle.data_format import IGNORE_INDEX, make_input_feature
+from twinkle.hub import resolve_dataset
+from twinkle.model import TransformersModel
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_intra_op_thread():
+    """Run this package's tests on one torch thread, and give the previous count back afterwards.
+
+    The tiny model's matrices are too small for intra-op threads to pay off, and
+    on a busy two-core machine their synchronisation makes steps many times slower.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +54,40 @@ def sft_features(template):
 @pytest.fixture
 def lora_config():
     return LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0)
+
+
+@pytest.fixture(scope="session")
+def short_features():
+    """Four 10-13 token sequences, the second half supervised: forward/backward passes that cost little."""
+    generator = torch.Generator().manual_seed(0)
+    features = []
+    for length in (10, 11, 12, 13):
+        ids = torch.randint(0, 5000, (length,), generator=generator).tolist()
+        labels = [IGNORE_INDEX] * (length // 2) + ids[length // 2 :]
+        features.append(make_input_feature(ids, labels))
+    return features
+
+
+@pytest.fixture(scope="session")
+def new_lora_model():
+    """``new_lora_model(*names, lora_dropout=0.0, **adapter_kwargs)``: the tiny model with LoRA adapters, B non-zero.
+
+    LoRA starts with B = 0, i.e. exactly the base model; random B makes every
+    adapter change the logits, so a check that weights were saved, loaded or
+    kept apart cannot pass by accident.
+    """
+
+    def make(*names: str, lora_dropout: float = 0.0, **adapter_kwargs) -> TransformersModel:
+        torch.manual_seed(0)
+        model = TransformersModel(device="cpu")
+        for index, name in enumerate(names or ("default",)):
+            config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=lora_dropout)
+            model.add_adapter_to_model(name, config, **adapter_kwargs)
+            generator = torch.Generator().manual_seed(index)
+            with torch.no_grad():
+                for param_name, param in model.model.named_parameters():
+                    if "lora_B" in param_name and f".{name}." in param_name:
+                        param.normal_(0, 0.1, generator=generator)
+        return model
+
+    return make

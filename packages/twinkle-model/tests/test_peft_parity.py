@@ -25,7 +25,7 @@ def test_saved_adapter_gives_equal_logits_in_plain_peft(lora_config, sft_feature
 
     base = AutoModelForCausalLM.from_pretrained(model.model_path, dtype=torch.float32)
     plain = PeftModel.from_pretrained(base, path).eval()
-    for feature, logits, logps in zip(sft_features[4:6], ours.logits, ours.logps):
+    for feature, logits, logps in zip(sft_features[4:6], ours.logits, ours.logps, strict=True):
         ids = torch.tensor([feature["input_ids"]])
         with torch.no_grad():
             reference = plain(input_ids=ids).logits[0].float()

@@ -73,6 +73,6 @@ class GradGuard:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if exc_type is not None:
-            for param, grad in zip(self.params, self.saved):
+            for param, grad in zip(self.params, self.saved, strict=True):
                 param.grad = grad
         self.saved = []

@@ -59,7 +59,11 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def capture_rng_state() -> dict[str, Any]:
     """Every RNG a training step may draw from (dropout, shuffling, sampling)."""
-    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state

@@ -49,7 +49,7 @@ def save(
     save_optimizer: bool,
     dataloader: Any,
 ) -> Path:
-    if not name or Path(name).name != name:
+    if not name or name in (".", "..") or Path(name).name != name:
         raise ConfigurationError(f"checkpoint name must be a plain directory name, got {name!r}")
     final = Path(output_dir or os.environ.get("TWINKLE_OUTPUT_DIR", DEFAULT_OUTPUT_DIR)) / name
     with atomic_directory(final) as tmp:
@@ -81,52 +81,67 @@ def save(
 
 
 def load_weights(owner: TransformersModel, path: Path, adapter_name: str | None, load_optimizer: bool) -> TrainState:
-    """Load weights into the matching adapter (created from the checkpoint's config if missing)."""
+    """Load weights into the matching adapter (created from the checkpoint's config if missing).
+
+    A missing or unusable optimizer state, or full weights that do not fit the
+    model, are found before the first weight changes: such a load leaves the model as it was.
+    """
     if not path.is_dir():
         raise ResourceNotFoundError(f"checkpoint directory {path} does not exist")
     meta = read_json(path / STATE_FILE) if (path / STATE_FILE).is_file() else {}
+    name = None
     if (path / peft_adapters.ADAPTER_CONFIG).is_file():
         name = adapter_name or meta.get("adapter_name") or path.name
-        if name in owner.adapter_names:
-            peft_adapters.load_adapter_weights(owner.model, name, path)
-        else:
-            gradient_accumulation = meta.get("counters", {}).get("gradient_accumulation_steps", 1)
-            owner.add_adapter_to_model(name, path, gradient_accumulation_steps=gradient_accumulation)
-        state = owner._state(name)
-    else:
-        if owner.adapter_names:
-            raise ConfigurationError(f"{path} holds full model weights but this model trains adapters {owner.adapter_names}")
+    elif owner.adapter_names:
+        raise ConfigurationError(
+            f"{path} holds full model weights but this model trains adapters {owner.adapter_names}"
+        )
+    optimizer_state = _read_optimizer_state(owner, path, name) if load_optimizer else None
+    if name is None:
         _load_full_weights(owner.model, path)
-        state = owner._state(None)
-    if load_optimizer:
-        _load_optimizer(state, path)
+    elif name in owner.adapter_names:
+        peft_adapters.load_adapter_weights(owner.model, name, path)
+    else:
+        gradient_accumulation = meta.get("counters", {}).get("gradient_accumulation_steps", 1)
+        owner.add_adapter_to_model(name, path, gradient_accumulation_steps=gradient_accumulation)
+    state = owner._state(name)
+    if optimizer_state is not None:
+        state.optimizer.load_state_dict(optimizer_state["optimizer"])  # type: ignore[union-attr]
+        if optimizer_state["lr_scheduler"] is not None:
+            state.lr_scheduler.load_state_dict(optimizer_state["lr_scheduler"])
     return state
 
 
 def resume(owner: TransformersModel, path: Path, adapter_name: str | None, dataloader: Any) -> None:
-    state = load_weights(owner, path, adapter_name, load_optimizer=True)
+    if not (path / STATE_FILE).is_file():
+        raise ResourceNotFoundError(f"{path} is not a checkpoint written by TransformersModel.save (no {STATE_FILE})")
     meta = read_json(path / STATE_FILE)
+    if dataloader is not None and meta.get("dataloader") is None:
+        raise ConfigurationError(f"{path} was saved without a dataloader position; pass dataloader= to save()")
+    state = load_weights(owner, path, adapter_name, load_optimizer=True)
     counters = meta["counters"]
     state.global_step = counters["global_step"]
     state.accumulated = counters["accumulated"]
     state.gradient_accumulation_steps = counters["gradient_accumulation_steps"]
     restore_rng_state(torch.load(path / RNG_FILE, weights_only=False))
     if dataloader is not None:
-        if meta.get("dataloader") is None:
-            raise ConfigurationError(f"{path} was saved without a dataloader position; pass dataloader= to save()")
         dataloader.load_state(meta["dataloader"])
 
 
-def _load_optimizer(state: TrainState, path: Path) -> None:
+def _read_optimizer_state(owner: TransformersModel, path: Path, name: str | None) -> dict[str, Any]:
+    """The saved optimizer and scheduler state, once sure there is an optimizer (and scheduler) to take it."""
     if not (path / OPTIMIZER_FILE).is_file():
         raise ResourceNotFoundError(f"{path} has no optimizer state (saved with save_optimizer=False)")
-    optimizer = state.require_optimizer()
+    if name is not None and name not in owner.adapter_names:
+        raise ConfigurationError(
+            f"add adapter {name!r} and call set_optimizer(...) before loading its optimizer state from {path}"
+        )
+    state = owner._state(name)
+    state.require_optimizer()
     saved = torch.load(path / OPTIMIZER_FILE, weights_only=False)
-    optimizer.load_state_dict(saved["optimizer"])
-    if saved["lr_scheduler"] is not None:
-        if state.lr_scheduler is None:
-            raise ConfigurationError(f"{path} has LR-scheduler state: call set_lr_scheduler(...) before resuming")
-        state.lr_scheduler.load_state_dict(saved["lr_scheduler"])
+    if saved["lr_scheduler"] is not None and state.lr_scheduler is None:
+        raise ConfigurationError(f"{path} has LR-scheduler state: call set_lr_scheduler(...) before resuming")
+    return saved
 
 
 def _load_full_weights(model: torch.nn.Module, path: Path) -> None:
@@ -136,13 +151,17 @@ def _load_full_weights(model: torch.nn.Module, path: Path) -> None:
     state_dict: dict[str, torch.Tensor] = {}
     for file in files:
         state_dict.update(load_file(str(file)))
-    result = model.load_state_dict(state_dict, strict=False)
+    expected = model.state_dict()
     tied = set(getattr(model, "_tied_weights_keys", None) or []) if model.config.tie_word_embeddings else set()
-    missing = [k for k in result.missing_keys if k not in tied]
-    if missing or result.unexpected_keys:
+    missing = [k for k in expected if k not in state_dict and k not in tied]
+    unexpected = [k for k in state_dict if k not in expected]
+    resized = [k for k in state_dict if k in expected and state_dict[k].shape != expected[k].shape]
+    if missing or unexpected or resized:
         raise ConfigurationError(
-            f"{path} does not match this model: missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}"
+            f"{path} does not match this model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
+            f"other shape {resized[:3]}"
         )
+    model.load_state_dict(state_dict, strict=False)
 
 
 def _copy_tokenizer_files(source: Path, target: Path) -> None:

@@ -19,7 +19,9 @@ def check_loss_inputs(loss_inputs: Mapping[str, Any], batch_size: int) -> None:
     """Sequence-valued loss inputs must have exactly one entry per sample."""
     for name, value in loss_inputs.items():
         if isinstance(value, (list, tuple)) and len(value) != batch_size:
-            raise InvalidInputError(f"loss input {name!r} has {len(value)} entries but the batch has {batch_size} samples")
+            raise InvalidInputError(
+                f"loss input {name!r} has {len(value)} entries but the batch has {batch_size} samples"
+            )
 
 
 def micro_batches(
@@ -27,11 +29,12 @@ def micro_batches(
 ) -> Iterator[tuple[Sequence[Any], dict[str, Any]]]:
     """Yield ``(features, loss_inputs)`` slices of at most ``micro_batch_size`` samples."""
     size = len(features)
-    step = micro_batch_size or size
+    step = size if micro_batch_size is None else micro_batch_size
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise InvalidInputError(f"micro_batch_size must be a positive int, got {micro_batch_size!r}")
     for start in range(0, size, step):
         end = start + step
-        yield features[start:end], {
-            name: value[start:end] if is_per_sample(value, size) else value for name, value in loss_inputs.items()
-        }
+        yield (
+            features[start:end],
+            {name: value[start:end] if is_per_sample(value, size) else value for name, value in loss_inputs.items()},
+        )

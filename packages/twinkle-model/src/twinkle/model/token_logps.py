@@ -41,7 +41,9 @@ def _output_layer_logps(
     logps, correct = [], []
     for start in range(0, hidden_NH.shape[0], chunk_size):
         hidden_CH, labels_C = hidden_NH[start : start + chunk_size], labels_N[start : start + chunk_size]
-        logps.append(checkpoint(lambda h, y: token_logps_from_logits(head(h), y), hidden_CH, labels_C, use_reentrant=False))
+        logps.append(
+            checkpoint(lambda h, y: token_logps_from_logits(head(h), y), hidden_CH, labels_C, use_reentrant=False)
+        )
         with torch.no_grad():
             correct.append(head(hidden_CH).argmax(-1) == labels_C)
     return torch.cat(logps), torch.cat(correct)

@@ -32,6 +32,12 @@ class TrainState:
     accumulated: int = 0  # forward_backward calls since the last optimizer step
     global_step: int = 0  # optimizer steps taken
     pending: Any = None  # (batch, outputs, loss) of the last fine-grained forward/calculate_loss
+    configured: bool = False  # a set_* call chose one of its components
+
+    @property
+    def in_use(self) -> bool:
+        """Whether it was set up or trained; an untouched implicit full-model state may give way to adapters."""
+        return self.configured or self.optimizer is not None or self.accumulated > 0 or self.global_step > 0
 
     @property
     def is_adapter(self) -> bool:
@@ -52,4 +58,3 @@ class TrainState:
             "accumulated": self.accumulated,
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
         }
-

@@ -93,16 +93,27 @@ class TransformersModel:
         if not isinstance(adapter_name, str) or not adapter_name or "." in adapter_name:
             raise ConfigurationError(f"adapter_name must be a non-empty string without dots, got {adapter_name!r}")
         if adapter_name in self._states:
-            raise ConfigurationError(f"adapter {adapter_name!r} already exists; remove it or pick another name")
-        if FULL_MODEL in self._states:
-            raise ConfigurationError("this model is set up for full-parameter training; adapters cannot be added")
-        if isinstance(gradient_accumulation_steps, bool) or not isinstance(gradient_accumulation_steps, int) or (
-            gradient_accumulation_steps < 1
+            raise ConfigurationError(f"adapter {adapter_name!r} already exists; pick another name")
+        full_model = self._states.get(FULL_MODEL)
+        if full_model is not None and full_model.in_use:
+            raise ConfigurationError(
+                "this model is set up for full-parameter training (components set or gradients taken); "
+                "add adapters before anything else"
+            )
+        if (
+            isinstance(gradient_accumulation_steps, bool)
+            or not isinstance(gradient_accumulation_steps, int)
+            or (gradient_accumulation_steps < 1)
         ):
-            raise ConfigurationError(f"gradient_accumulation_steps must be an int >= 1, got {gradient_accumulation_steps!r}")
+            raise ConfigurationError(
+                f"gradient_accumulation_steps must be an int >= 1, got {gradient_accumulation_steps!r}"
+            )
         directory = Path(config_or_dir) if isinstance(config_or_dir, (str, Path)) else None
-        config = peft_adapters.read_adapter_config(directory) if directory else peft_adapters.as_peft_config(config_or_dir)
+        config = (
+            peft_adapters.read_adapter_config(directory) if directory else peft_adapters.as_peft_config(config_or_dir)
+        )
         self.model = peft_adapters.add_adapter(self.model, adapter_name, config)
+        self._states.pop(FULL_MODEL, None)  # only evaluated (or a call failed) so far: adapters replace it
         if directory:
             peft_adapters.load_adapter_weights(self.model, adapter_name, directory)
         self._states[adapter_name] = self._new_state(
@@ -117,29 +128,34 @@ class TransformersModel:
 
     def set_lr_scheduler(self, scheduler_cls: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Create an LR scheduler (registered name or class) for this adapter's optimizer."""
+        if isinstance(scheduler_cls, torch.optim.lr_scheduler.LRScheduler):
+            raise ConfigurationError(
+                "pass an LR scheduler class or name, not an instance: it must be built on this adapter's optimizer"
+            )
         state = self._state(adapter_name)
         state.lr_scheduler = build("lr_scheduler", scheduler_cls, optimizer=state.require_optimizer(), **kwargs)
 
     def set_loss(self, loss: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Use ``loss`` (instance, class or registered name such as ``'CrossEntropyLoss'``)."""
-        self._state(adapter_name).loss = build("loss", loss, **kwargs)
+        self._configured(adapter_name).loss = build("loss", loss, **kwargs)
 
     def set_processor(self, processor: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Use ``processor`` to collate features; its pad id is set to the model's."""
         processor = build("processor", processor, **kwargs)
         if hasattr(processor, "pad_token_id"):
             processor.pad_token_id = self.pad_token_id
-        self._state(adapter_name).processor = processor
+        self._configured(adapter_name).processor = processor
 
     def set_template(self, template: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Use ``template`` to encode trajectories passed as inputs (``model_id`` defaults to this model's)."""
         if isinstance(template, (str, type)):
             kwargs.setdefault("model_id", self.model_path)
-        self._state(adapter_name).template = build("template", template, **kwargs)
+        self._configured(adapter_name).template = build("template", template, **kwargs)
 
     def add_metric(self, metric: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         """Also report ``metric`` (a ``twinkle.interfaces.Metric``) from ``calculate_metric``."""
-        self._state(adapter_name).metrics.append(build("metric", metric, **kwargs))
+        metric = build("metric", metric, **kwargs)
+        self._configured(adapter_name).metrics.append(metric)
 
     # ------------------------------------------------------------------ steps
 
@@ -174,7 +190,9 @@ class TransformersModel:
         start = time.perf_counter()
         (loss_output.loss / state.gradient_accumulation_steps).backward()
         state.accumulated += 1
-        self._record(state.train_metric, batch, result, float(loss_output.loss), seconds + time.perf_counter() - start)
+        self._record(
+            state.train_metric, batch, result, float(loss_output.loss.detach()), seconds + time.perf_counter() - start
+        )
 
     def forward_backward(
         self,
@@ -253,8 +271,10 @@ class TransformersModel:
 
     def zero_grad(self, adapter_name: str | None = None) -> None:
         """Drop this adapter's gradients (other adapters keep theirs)."""
-        for param in self._state(adapter_name).params:
+        state = self._state(adapter_name)
+        for param in state.params:
             param.grad = None
+        state.accumulated = 0  # the dropped gradients no longer count towards gradient_accumulation_steps
 
     def lr_step(self, adapter_name: str | None = None) -> None:
         """Advance the LR scheduler, if one is set."""
@@ -363,13 +383,23 @@ class TransformersModel:
             return next(iter(self._states.values()))
         raise ConfigurationError(f"this model has several adapters {self.adapter_names}: pass adapter_name=")
 
-    def _run(self, state: TrainState, batch: Mapping[str, torch.Tensor], return_logits: bool = False) -> TokenLogpsResult:
+    def _configured(self, adapter_name: str | None) -> TrainState:
+        """The state a ``set_*`` call configures, marked so (call it once the new component is built)."""
+        state = self._state(adapter_name)
+        state.configured = True
+        return state
+
+    def _run(
+        self, state: TrainState, batch: Mapping[str, torch.Tensor], return_logits: bool = False
+    ) -> TokenLogpsResult:
         if isinstance(self.model, PeftModel) and state.is_adapter:
             self.model.set_adapter(state.name)
             for param in state.params:  # PEFT may freeze inactive adapters; ours must train
                 param.requires_grad_(True)
         batch = {k: v.to(self.device) for k, v in batch.items()}
-        autocast = torch.autocast(self.device.type, dtype=_AUTOCAST_DTYPES.get(self.mixed_precision), enabled=self.mixed_precision != "no")
+        autocast = torch.autocast(
+            self.device.type, dtype=_AUTOCAST_DTYPES.get(self.mixed_precision), enabled=self.mixed_precision != "no"
+        )
         with autocast:
             return causal_token_logps(self.model, batch, self.logps_chunk_size, return_logits)
 
@@ -393,14 +423,20 @@ class TransformersModel:
         if not torch.is_tensor(loss_output.loss) or loss_output.loss.dim() != 0:
             raise InvalidInputError(f"loss {type(state.loss).__name__} must return a scalar tensor")
         if not torch.isfinite(loss_output.loss):
-            raise InvalidInputError(f"loss {type(state.loss).__name__} is not finite ({float(loss_output.loss)})")
+            raise InvalidInputError(
+                f"loss {type(state.loss).__name__} is not finite ({float(loss_output.loss.detach())})"
+            )
         if weight is not None:
             loss_output.loss = loss_output.loss * weight
         return loss_output
 
     @staticmethod
     def _record(
-        metric: TrainingMetric, batch: Mapping[str, torch.Tensor], result: TokenLogpsResult, loss: float | None, seconds: float
+        metric: TrainingMetric,
+        batch: Mapping[str, torch.Tensor],
+        result: TokenLogpsResult,
+        loss: float | None,
+        seconds: float,
     ) -> None:
         values: dict[str, Any] = {
             "correct_tokens": int(result.correct_BT.sum()),
@@ -424,4 +460,3 @@ def _merge(results: Sequence[TokenLogpsResult]) -> TokenLogpsResult:
         torch.cat([r.correct_BT.flatten() for r in results]),
         torch.cat([r.supervised_BT.flatten() for r in results]),
     )
-
