@@ -84,3 +84,15 @@ def test_resolves_by_registered_name(model_dir: str) -> None:
     template = build("template", "Template", model_id=model_dir, max_length=256)
     assert isinstance(template, Template)
     assert template.max_length == 256
+
+
+def test_pickles_compactly_and_round_trips():
+    """datasets fingerprints (and ships to workers) a pickled template: it must be small and faithful."""
+    import pickle
+
+    template = Template("builtin://qwen3-tiny", max_length=64)
+    data = pickle.dumps(template)
+    assert len(data) < 10_000  # the tokenizer is referenced by directory and digest, not embedded
+    restored = pickle.loads(data)
+    trajectory = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    assert restored.encode(trajectory) == template.encode(trajectory)

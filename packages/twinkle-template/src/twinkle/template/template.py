@@ -8,6 +8,7 @@ prefixes, not by model-specific string rules (see :mod:`twinkle.template.loss_ma
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,6 +27,16 @@ from twinkle.template.truncation import TruncationStrategy, check_truncation_arg
 from twinkle.utils import get_logger
 
 logger = get_logger(__name__)
+
+
+def _tokenizer_digest(model_dir: Path) -> str:
+    """sha256 over the tokenizer files of ``model_dir`` (what a pickled template stands for)."""
+    digest = hashlib.sha256()
+    for path in sorted(model_dir.iterdir()):
+        if path.is_file() and path.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 @register("template")
@@ -68,6 +79,8 @@ class Template:
                 f"the tokenizer of {self.model_id!r} has no chat template; pass one as Template(chat_template=...)"
             )
         self._tokenizer = tokenizer
+        self._model_dir = model_dir
+        self._tokenizer_digest = _tokenizer_digest(model_dir) if model_dir else None
         self._chat_template = chat_template
         self._eos_token_ids = _eos_token_ids(tokenizer, model_dir)
         self._end_of_turn_ids = frozenset(self._eos_token_ids)
@@ -77,6 +90,24 @@ class Template:
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
         return self._tokenizer
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle a tokenizer loaded from a directory as that directory plus a digest of its files.
+
+        ``datasets`` pickles the template to fingerprint every ``encode`` (and to
+        ship it to ``num_proc`` workers); a whole Qwen tokenizer takes ~2 s to
+        pickle, its files' digest a few milliseconds, and the digest still
+        changes whenever the tokenizer does.
+        """
+        state = dict(self.__dict__)
+        if self._model_dir is not None:
+            state["_tokenizer"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._tokenizer is None:
+            self._tokenizer = AutoTokenizer.from_pretrained(self._model_dir)
 
     @property
     def eos_token_id(self) -> int | None:
