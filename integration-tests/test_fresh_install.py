@@ -22,6 +22,8 @@ TORCH_FREE = {
     "twinkle-preprocessor",
     "twinkle-dataloader",
     "twinkle-reward",
+    "twinkle-advantage",
+    "twinkle-metric",
     "twinkle-client",
 }
 TORCH_PIN = "torch==2.13.0"  # the CPU build CPU machines install locally (see Makefile)
