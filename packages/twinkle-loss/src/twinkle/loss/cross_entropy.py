@@ -8,10 +8,12 @@ from typing import Any
 from twinkle.data_format import LossOutput, ModelOutput
 from twinkle.errors import InvalidInputError
 from twinkle.interfaces import Loss
+from twinkle.loss.alignment import model_logps
 from twinkle.loss.reduction import Reduction, TokenReduction
 from twinkle.registry import register
 
 
+@register("loss", name="cross_entropy")
 @register("loss")
 class CrossEntropyLoss(Loss):
     """``loss = reduce(-logp(label_t) · w_t)`` with ``w`` the loss mask (or float ``loss_weights``).
@@ -32,9 +34,8 @@ class CrossEntropyLoss(Loss):
     def __call__(
         self, inputs: Mapping[str, Any], outputs: ModelOutput, normalizer: float | None = None, **loss_inputs: Any
     ) -> LossOutput:
-        if outputs.logps is None:
-            raise InvalidInputError("CrossEntropyLoss needs per-token logps in the model output")
         if loss_inputs:
             raise InvalidInputError(f"CrossEntropyLoss takes no extra inputs, got {sorted(loss_inputs)}")
-        loss, num_tokens = self.reduction.reduce(-outputs.logps, inputs, normalizer)
+        logps_BT, _ = model_logps(inputs, outputs, "CrossEntropyLoss")
+        loss, num_tokens = self.reduction.reduce(-logps_BT, inputs, normalizer)
         return LossOutput(loss=loss, num_tokens=num_tokens)

@@ -8,7 +8,7 @@ sequences), which :meth:`TokenReduction.normalizer` computes up front.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -51,6 +51,26 @@ def per_sequence_sums(values_BT: torch.Tensor, inputs: Mapping[str, Any]) -> tor
     )
 
 
+def _require_supervised(weights_BT: torch.Tensor) -> torch.Tensor:
+    if float(weights_BT.sum()) <= 0:
+        raise InvalidInputError("the batch has no supervised token (every label is ignored or has weight 0)")
+    return weights_BT
+
+
+class Reducer(Protocol):
+    """How a loss turns per-token values into its scalar (see :class:`TokenReduction`)."""
+
+    def normalizer(self, inputs: Mapping[str, Any]) -> float:
+        """The whole batch's denominator, passed back to :meth:`reduce` for each micro-batch."""
+        ...
+
+    def reduce(
+        self, values_BT: torch.Tensor, inputs: Mapping[str, Any], normalizer: float | None = None
+    ) -> tuple[torch.Tensor, int]:
+        """``(scalar, supervised_tokens)``."""
+        ...
+
+
 class TokenReduction:
     """Reduction of per-token values under per-token weights ``w``.
 
@@ -66,9 +86,7 @@ class TokenReduction:
 
     def normalizer(self, inputs: Mapping[str, Any]) -> float:
         """Denominator for the whole batch; raises if no token is supervised."""
-        weights_BT = token_weights(inputs)
-        if float(weights_BT.sum()) <= 0:
-            raise InvalidInputError("the batch has no supervised token (every label is ignored or has weight 0)")
+        weights_BT = _require_supervised(token_weights(inputs))
         if self.reduction == "token_mean":
             return float(weights_BT.sum())
         if self.reduction == "sequence_mean":
@@ -90,3 +108,51 @@ class TokenReduction:
         else:
             total = weighted_BT.sum()
         return total / normalizer, int((weights_BT > 0).sum())
+
+
+class ConstantLengthReduction:
+    """``Σ w·x / (num_sequences · max_length)``: Dr. GRPO's length-unbiased aggregation.
+
+    Dividing every sequence's token sum by the same constant (the generation
+    budget) instead of by its own length removes the bias that favours long
+    wrong answers and short right ones (Liu et al. 2025, "Understanding
+    R1-Zero-Like Training", §3.1). ``num_sequences`` counts every sample of the
+    batch, as the paper's ``1/G`` does.
+    """
+
+    def __init__(self, max_length: int) -> None:
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+            raise ConfigurationError(f"max_length must be a positive int (the generation budget), got {max_length!r}")
+        self.max_length = max_length
+
+    def normalizer(self, inputs: Mapping[str, Any]) -> float:
+        """``num_sequences · max_length``; raises if a sequence trains more than ``max_length`` tokens."""
+        weights_BT = _require_supervised(token_weights(inputs))
+        counts_S = per_sequence_sums((weights_BT > 0).float(), inputs)
+        longest = int(counts_S.max())
+        if longest > self.max_length:
+            raise InvalidInputError(
+                f"sequence {int(counts_S.argmax())} trains {longest} tokens, more than max_length={self.max_length}; "
+                "max_length must be the generation budget (the longest possible completion)"
+            )
+        return float(counts_S.numel() * self.max_length)
+
+    def reduce(
+        self, values_BT: torch.Tensor, inputs: Mapping[str, Any], normalizer: float | None = None
+    ) -> tuple[torch.Tensor, int]:
+        """``(scalar, supervised_tokens)``; pass the whole batch's ``normalizer`` for micro-batches."""
+        weights_BT = token_weights(inputs).to(values_BT.device)
+        if normalizer is None:
+            normalizer = self.normalizer(inputs)
+        return (values_BT * weights_BT).sum() / normalizer, int((weights_BT > 0).sum())
+
+
+def as_reducer(reduction: Reduction | Reducer) -> Reducer:
+    """A reduction name (see :data:`REDUCTIONS`) as a :class:`TokenReduction`; a reducer object as it is."""
+    if isinstance(reduction, str):
+        return TokenReduction(reduction)
+    if not (callable(getattr(reduction, "normalizer", None)) and callable(getattr(reduction, "reduce", None))):
+        raise ConfigurationError(
+            f"reduction must be one of {REDUCTIONS} or an object with normalizer() and reduce(), got {reduction!r}"
+        )
+    return reduction
