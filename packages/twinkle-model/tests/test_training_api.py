@@ -224,3 +224,20 @@ def test_generate_returns_the_greedy_continuation_as_token_ids(new_lora_model, t
     logits = model.forward_only(inputs=[{"input_ids": prompt}], return_logits=True).logits[0]
     assert tokens[0] == int(logits[-1].argmax())
     assert model.model.training
+
+
+def test_rl_loss_reads_logps_without_inputs_and_reports_its_metrics(lora_config, sft_features):
+    """forward_only skips a loss whose required inputs are missing; a loss's metrics reach the caller."""
+    model = TransformersModel(device="cpu")
+    model.add_adapter_to_model("default", lora_config)
+    model.set_loss("GRPOLoss", epsilon=0.2)
+    model.set_optimizer("AdamW", lr=1e-3)
+    old = model.forward_only(inputs=sft_features[:4])
+    assert old.loss is None and len(old.logps) == 4
+    out = model.forward_backward(
+        inputs=sft_features[:4], advantages=[1.0, -1.0, 0.5, -0.5], old_logps=old.logps, micro_batch_size=2
+    )
+    assert out.metrics["ratio"] == pytest.approx(1.0, abs=1e-5)
+    assert {"clip_low_fraction", "clip_high_fraction", "approx_kl"} <= set(out.metrics)
+    model.clip_grad_and_step()
+    assert model.calculate_metric()["ratio"] == pytest.approx(1.0, abs=1e-5)

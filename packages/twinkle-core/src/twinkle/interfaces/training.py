@@ -16,7 +16,13 @@ class Loss(ABC):
     ``outputs`` the forward result (``logps`` per token, optionally ``logits``);
     extra per-sample inputs (``advantages``, ``old_logps``, ``ref_logps``) come as
     keyword arguments. Document the formula and reduction in the docstring.
+
+    ``required_inputs`` names the loss inputs it cannot do without; a forward
+    that only wants log-probabilities (``forward_only``) skips the loss when
+    they are not given instead of failing.
     """
+
+    required_inputs: tuple[str, ...] = ()
 
     @abstractmethod
     def __call__(self, inputs: Mapping[str, Any], outputs: ModelOutput, **loss_inputs: Any) -> LossOutput:

@@ -88,6 +88,8 @@ class PolicyLoss(Loss):
     Subclasses set ``kl_coef`` (their ``beta``) to offer the KL penalty; ``None`` means they have none.
     """
 
+    required_inputs = ("advantages",)
+
     kl_coef: float | None = None
 
     def __init__(self, reduction: Reduction | Reducer) -> None:

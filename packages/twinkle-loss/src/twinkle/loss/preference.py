@@ -122,6 +122,7 @@ class DPOLoss(PreferenceLoss):
         self.loss_type = loss_type
         self.label_smoothing = float(label_smoothing)
         self.reference_free = reference_free
+        self.required_inputs = () if reference_free else ("ref_logps",)
 
     def pair_losses(
         self, logps_S: torch.Tensor, lengths_S: torch.Tensor, inputs: Mapping[str, Any], ref_logps: Any = None

@@ -28,9 +28,12 @@ class TrainingMetric(Metric):
         self._seconds = 0.0
         self._grad_norm: float | None = None
         self._lr: float | None = None
+        self._loss_metric_sums: dict[str, float] = {}
+        self._loss_metric_calls: dict[str, int] = {}
 
     def accumulate(self, **values: Any) -> None:
-        """Keys: ``loss``, ``correct_tokens``, ``supervised_tokens``, ``tokens``, ``seconds``, ``grad_norm``, ``lr``."""
+        """Keys: ``loss``, ``correct_tokens``, ``supervised_tokens``, ``tokens``, ``seconds``, ``grad_norm``, ``lr``,
+        and ``loss_metrics`` (a loss's own scalars, e.g. clip fractions: averaged over calls)."""
         if "loss" in values:
             self._loss_sum += float(values["loss"])
             self._calls += 1
@@ -42,6 +45,9 @@ class TrainingMetric(Metric):
             self._grad_norm = float(values["grad_norm"])
         if values.get("lr") is not None:
             self._lr = float(values["lr"])
+        for name, value in (values.get("loss_metrics") or {}).items():
+            self._loss_metric_sums[name] = self._loss_metric_sums.get(name, 0.0) + float(value)
+            self._loss_metric_calls[name] = self._loss_metric_calls.get(name, 0) + 1
 
     def calculate(self) -> dict[str, float]:
         result: dict[str, float] = {}
@@ -58,4 +64,6 @@ class TrainingMetric(Metric):
             result["grad_norm"] = self._grad_norm
         if self._lr is not None:
             result["lr"] = self._lr
+        for name, total in self._loss_metric_sums.items():
+            result[name] = total / self._loss_metric_calls[name]
         return result

@@ -213,7 +213,7 @@ class TransformersModel:
         full_batch = self._batches.collate(state, features)
         normalizer = state.loss.normalizer(full_batch)
         start = time.perf_counter()
-        total_loss, logps, results = 0.0, [], []
+        total_loss, logps, results, loss_metrics = 0.0, [], [], []
         with self._grads_restored_on_error(state):
             for part, part_inputs in micro_batches(features, loss_inputs, micro_batch_size):
                 batch = full_batch if len(part) == len(features) else self._batches.collate(state, part)
@@ -225,17 +225,23 @@ class TransformersModel:
                 total_loss += float(loss_output.loss.detach())
                 logps.extend(t.detach().cpu() for t in unpack(result.logps_BT, batch))
                 results.append(result)
+                loss_metrics.append((loss_output.metrics, int(result.supervised_BT.sum())))
         state.accumulated += 1
-        self._record(state.train_metric, full_batch, _merge(results), total_loss, time.perf_counter() - start)
+        metrics = _token_weighted_mean(loss_metrics)
+        elapsed = time.perf_counter() - start
+        self._record(state.train_metric, full_batch, _merge(results), total_loss, elapsed, metrics)
         supervised = sum(int(r.supervised_BT.sum()) for r in results)
-        return ModelOutput(loss=total_loss, logps=logps, num_tokens=supervised)
+        return ModelOutput(loss=total_loss, logps=logps, num_tokens=supervised, metrics=metrics)
 
     def forward_only(
         self, inputs: Any, adapter_name: str | None = None, return_logits: bool = False, **loss_inputs: Any
     ) -> ModelOutput:
-        """Forward without gradients (eval mode): per-sample ``logps``, and the loss when labels exist.
+        """Forward without gradients (eval mode): per-sample ``logps``, and the loss when it can be computed.
 
-        ``return_logits`` also returns each sample's ``[T, V]`` float32 logits (large: use for checks).
+        The loss is computed when labels exist and every input the loss requires
+        (``Loss.required_inputs``, e.g. ``advantages``) is given, so reading
+        log-probabilities never needs loss inputs. ``return_logits`` also returns
+        each sample's ``[T, V]`` float32 logits (large: use for checks).
         """
         state = self._state(adapter_name)
         batch = self._batches.prepare(state, inputs)
@@ -245,11 +251,13 @@ class TransformersModel:
             with torch.no_grad():
                 result = self._run(state, batch, return_logits)
                 output = self._model_output(batch, result, detach=True)
-                if bool(result.supervised_BT.any()):
-                    output.loss = float(self._compute_loss(state, batch, output, None, loss_inputs).loss)
+                required = getattr(state.loss, "required_inputs", ())
+                if bool(result.supervised_BT.any()) and all(name in loss_inputs for name in required):
+                    loss_output = self._compute_loss(state, batch, output, None, loss_inputs)
+                    output.loss, output.metrics = float(loss_output.loss), dict(loss_output.metrics)
         finally:
             self.model.train()
-        self._record(state.eval_metric, batch, result, output.loss, time.perf_counter() - start)
+        self._record(state.eval_metric, batch, result, output.loss, time.perf_counter() - start, output.metrics)
         output.logps = [t.cpu() for t in unpack(result.logps_BT, batch)]
         if return_logits:
             output.logits = [t.cpu() for t in unpack(result.logits_BTV, batch)]
@@ -437,12 +445,14 @@ class TransformersModel:
         result: TokenLogpsResult,
         loss: float | None,
         seconds: float,
+        loss_metrics: Mapping[str, float] | None = None,
     ) -> None:
         values: dict[str, Any] = {
             "correct_tokens": int(result.correct_BT.sum()),
             "supervised_tokens": int(result.supervised_BT.sum()),
             "tokens": int(batch["seq_lens"].sum()),
             "seconds": seconds,
+            "loss_metrics": loss_metrics,
         }
         if loss is not None:
             values["loss"] = loss
@@ -451,6 +461,17 @@ class TransformersModel:
     @staticmethod
     def _grads_restored_on_error(state: TrainState) -> GradGuard:
         return GradGuard(state.params)
+
+
+def _token_weighted_mean(parts: Sequence[tuple[Mapping[str, float], int]]) -> dict[str, float]:
+    """Combine micro-batches' loss metrics, each weighted by its number of supervised tokens."""
+    totals: dict[str, float] = {}
+    weights: dict[str, int] = {}
+    for metrics, tokens in parts:
+        for name, value in metrics.items():
+            totals[name] = totals.get(name, 0.0) + float(value) * tokens
+            weights[name] = weights.get(name, 0) + tokens
+    return {name: totals[name] / weights[name] for name in totals if weights[name]}
 
 
 def _merge(results: Sequence[TokenLogpsResult]) -> TokenLogpsResult:
