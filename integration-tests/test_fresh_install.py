@@ -47,11 +47,25 @@ def _pip(python: Path, *args: str) -> None:
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args], check=True)
 
 
-def test_installs_alone_and_imports(leaf_distribution, wheelhouse, tmp_path):
+def _closure(dist, distributions) -> set[str]:
+    """Every workspace distribution ``dist`` needs, itself included."""
+    by_name = {d.name: d for d in distributions}
+    needed, todo = set(), [dist.name]
+    while todo:
+        name = todo.pop()
+        if name not in needed:
+            needed.add(name)
+            todo.extend(dep for dep in by_name[name].dependency_names if dep in by_name)
+    return needed
+
+
+def test_installs_alone_and_imports(leaf_distribution, distributions, wheelhouse, tmp_path):
     dist = leaf_distribution
+    expected = _closure(dist, distributions)
+    by_name = {d.name: d for d in distributions}
     venv.create(tmp_path / "venv", with_pip=True)
     python = tmp_path / "venv" / "bin" / "python"
-    if dist.name not in TORCH_FREE and "torch" in dist.dependency_names:
+    if any("torch" in by_name[name].dependency_names for name in expected):
         _pip(python, TORCH_PIN)  # otherwise pip would fetch a multi-GB CUDA build
     _pip(python, "--find-links", str(wheelhouse), dist.name)
     modules = ["twinkle", *(f"twinkle.{sub}" for sub in dist.subpackages)]
@@ -68,8 +82,7 @@ def test_installs_alone_and_imports(leaf_distribution, wheelhouse, tmp_path):
     assert result.returncode == 0, result.stderr
     installed = subprocess.run([str(python), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True)
     siblings = {line.split("==")[0] for line in installed.stdout.splitlines() if line.startswith("twinkle")}
-    expected = {dist.name} | {dep for dep in dist.dependency_names if dep.startswith("twinkle")}
-    assert siblings == expected, f"{dist.name} pulled in {siblings - expected}"
+    assert siblings == expected, f"{dist.name} pulled in {siblings - expected}, lacks {expected - siblings}"
 
 
 def test_third_party_plugin_resolves_by_name(wheelhouse, tmp_path):
