@@ -1,6 +1,17 @@
-"""Reusable torch building blocks: LR schedulers, optimizers by name, memory-lean log-probs."""
+"""Reusable torch building blocks: LR schedulers, optimizers by name, memory-lean log-probs, per-row LoRA."""
 
 from twinkle.module.logps import TokenLogps, chunked_token_logps, token_logps_from_logits
+from twinkle.module.multi_lora import (
+    LoraWeights,
+    MultiLoraLinear,
+    RowRouting,
+    adapter_names,
+    adapter_rows,
+    inject_multi_lora,
+    multi_lora_modules,
+    remove_adapter,
+    set_adapter_weights,
+)
 from twinkle.module.optimizer import build_optimizer, optimizer_class
 from twinkle.module.scheduler import (
     ConstantScheduler,
@@ -13,10 +24,19 @@ __all__ = [
     "ConstantScheduler",
     "CosineWarmupScheduler",
     "LinearWarmupScheduler",
+    "LoraWeights",
+    "MultiLoraLinear",
+    "RowRouting",
     "TokenLogps",
+    "adapter_names",
+    "adapter_rows",
     "build_optimizer",
     "chunked_token_logps",
     "default_scheduler",
+    "inject_multi_lora",
+    "multi_lora_modules",
     "optimizer_class",
+    "remove_adapter",
+    "set_adapter_weights",
     "token_logps_from_logits",
 ]

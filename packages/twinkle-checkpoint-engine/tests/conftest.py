@@ -1,0 +1,58 @@
+import os
+import tempfile
+
+import pytest
+import torch
+
+os.environ.setdefault("TWINKLE_CACHE_DIR", tempfile.mkdtemp(prefix="twinkle-test-cache-"))
+
+from peft import LoraConfig
+
+from twinkle.model import TransformersModel
+from twinkle.sampler import TorchSampler
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_intra_op_thread():
+    """One torch thread: the tiny model's matrices are too small for intra-op threads to pay off."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def template():
+    from twinkle.template import Template
+
+    return Template("builtin://qwen3-tiny", max_length=256)
+
+
+@pytest.fixture(scope="session")
+def prompts(template):
+    questions = ["What is 12 plus 30?", "Who are you?", "Name a colour.", "Count to three."]
+    return [
+        template.encode({"messages": [{"role": "user", "content": q}]}, add_generation_prompt=True) for q in questions
+    ]
+
+
+@pytest.fixture
+def sampler(template):
+    """A fresh sampler: merged syncs overwrite its base weights."""
+    sampler = TorchSampler(device="cpu")
+    sampler.set_template(template)
+    return sampler
+
+
+@pytest.fixture
+def lora_model():
+    """A trainer with LoRA adapter 'policy' (random, non-zero B: it changes every prediction) and an optimizer."""
+    torch.manual_seed(0)
+    model = TransformersModel(device="cpu")
+    model.add_adapter_to_model("policy", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0))
+    with torch.no_grad():
+        for name, param in model.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.3, generator=torch.Generator().manual_seed(len(name)))
+    model.set_optimizer("AdamW", lr=5e-2)
+    return model

@@ -1,0 +1,237 @@
+"""Many LoRA adapters on one frozen base model, chosen per batch row.
+
+A multi-tenant sampler (and later trainer) serves several adapters from one
+copy of the base weights: every row of a batch may use a different adapter, or
+none. :class:`MultiLoraLinear` replaces an ``nn.Linear``; it computes the base
+projection once for the whole batch and adds each adapter's low-rank update
+only to the rows assigned to it (one gather, two skinny matmuls and one
+``index_add`` per adapter present in the batch). Rows are assigned for a whole
+model at once with :func:`adapter_rows`.
+
+Adapters may differ in rank and target modules. Their tensors are *not*
+registered as module parameters: the model's ``state_dict()`` keeps exactly the
+base model's keys (``...q_proj.weight``), and the tensors belong to whoever set
+them — a trainer may pass its own ``requires_grad`` tensors and gradients flow
+to them through :meth:`MultiLoraLinear.forward`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from twinkle.errors import ConfigurationError, InvalidInputError
+
+
+@dataclass
+class LoraWeights:
+    """One adapter on one linear layer: ``delta(x) = x @ A_RI.T @ B_OR.T * scaling``."""
+
+    A_RI: torch.Tensor
+    B_OR: torch.Tensor
+    scaling: float
+
+    @property
+    def rank(self) -> int:
+        return self.A_RI.shape[0]
+
+    def delta(self, x_NI: torch.Tensor) -> torch.Tensor:
+        """The low-rank update for rows ``x_NI`` (any leading shape, last dim = in_features)."""
+        return (x_NI @ self.A_RI.T) @ self.B_OR.T * self.scaling
+
+
+@dataclass(frozen=True)
+class RowRouting:
+    """Which rows of the batch each adapter applies to; ``rows=None`` means every row."""
+
+    batch_size: int
+    groups: tuple[tuple[str, torch.Tensor | None], ...]
+
+
+class MultiLoraLinear(nn.Module):
+    """A frozen ``nn.Linear`` plus any number of named LoRA adapters applied per row.
+
+    The base ``weight`` and ``bias`` are the very parameters of the wrapped
+    linear (same keys, same storage); outside :func:`adapter_rows` every row
+    gets the base projection only. Adapters live in ``adapters`` and are
+    installed with :func:`set_adapter_weights`.
+    """
+
+    def __init__(self, base: nn.Linear) -> None:
+        super().__init__()
+        if not isinstance(base, nn.Linear):
+            raise ConfigurationError(f"MultiLoraLinear wraps an nn.Linear, got {type(base).__name__}")
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight = base.weight
+        self.bias = base.bias
+        self.adapters: dict[str, LoraWeights] = {}
+        self.routing: RowRouting | None = None
+
+    def checked_weights(self, name: str, A_RI: torch.Tensor, B_OR: torch.Tensor, scaling: float) -> LoraWeights:
+        """Validate shapes and move the tensors to the base weight's device and dtype (a no-op when already there)."""
+        a_ok = A_RI.dim() == 2 and A_RI.shape[1] == self.in_features
+        if not a_ok or tuple(B_OR.shape) != (self.out_features, A_RI.shape[0]):
+            raise InvalidInputError(
+                f"adapter {name!r}: A must be [rank, {self.in_features}] and B [{self.out_features}, rank], "
+                f"got A {list(A_RI.shape)} and B {list(B_OR.shape)}"
+            )
+        like = {"device": self.weight.device, "dtype": self.weight.dtype}
+        return LoraWeights(A_RI.to(**like), B_OR.to(**like), float(scaling))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = nn.functional.linear(x, self.weight, self.bias)
+        routing = self.routing
+        if routing is None or not self.adapters:
+            return out
+        if x.shape[0] != routing.batch_size:
+            raise InvalidInputError(
+                f"adapter_rows assigned {routing.batch_size} rows but the batch has {x.shape[0]}: "
+                "give one adapter name (or None) per batch row"
+            )
+        for name, rows in routing.groups:
+            lora = self.adapters.get(name)
+            if lora is None:  # this adapter does not target this layer
+                continue
+            if rows is None:  # every row uses this adapter: no gather needed
+                out = out + lora.delta(x)
+                continue
+            out = out.index_add(0, rows, lora.delta(x.index_select(0, rows)))
+        return out
+
+    def extra_repr(self) -> str:
+        ranks = {name: lora.rank for name, lora in self.adapters.items()}
+        return f"in_features={self.in_features}, out_features={self.out_features}, adapters={ranks}"
+
+
+def multi_lora_modules(model: nn.Module) -> dict[str, MultiLoraLinear]:
+    """Every :class:`MultiLoraLinear` of ``model`` by its module name."""
+    return {name: module for name, module in model.named_modules() if isinstance(module, MultiLoraLinear)}
+
+
+def inject_multi_lora(model: nn.Module, target_modules: Sequence[str] | str) -> list[str]:
+    """Replace the ``nn.Linear`` modules named by ``target_modules`` with :class:`MultiLoraLinear`.
+
+    ``target_modules`` is a list of name suffixes (``['q_proj', 'v_proj']``
+    matches ``model.layers.0.self_attn.q_proj``; a dotted entry matches a
+    longer suffix) or one regular expression matched against the whole name,
+    as in PEFT. Base weights are frozen: only adapters are meant to train.
+    Already injected modules are kept as they are, so calling it again (say,
+    for a new adapter's targets) is safe. Returns the names of every matching
+    module, injected now or before.
+    """
+    targets = target_modules if isinstance(target_modules, str) else frozenset(target_modules)
+    matched = []
+    for name, module in list(model.named_modules()):
+        if not _matches(name, targets) or not isinstance(module, (nn.Linear, MultiLoraLinear)):
+            continue
+        matched.append(name)
+        if isinstance(module, MultiLoraLinear):
+            continue
+        module.requires_grad_(False)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, MultiLoraLinear(module))
+    if not matched:
+        raise ConfigurationError(f"target_modules {target_modules!r} match no nn.Linear of {type(model).__name__}")
+    return matched
+
+
+def _matches(name: str, targets: frozenset[str] | str) -> bool:
+    """A regular expression matches the whole name; a set of names matches any dotted suffix of it."""
+    if isinstance(targets, str):
+        return re.fullmatch(targets, name) is not None
+    parts = name.split(".")
+    return any(".".join(parts[start:]) in targets for start in range(len(parts)))
+
+
+def set_adapter_weights(
+    model: nn.Module,
+    name: str,
+    tensors_by_module: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+    scaling: float | Mapping[str, float],
+) -> None:
+    """Install adapter ``name``: ``{module_name: (A_RI, B_OR)}``, replacing a previous adapter of that name.
+
+    ``scaling`` is ``lora_alpha / r`` — one float, or one per module (ranks and
+    alphas may vary by module). Every module must already be a
+    :class:`MultiLoraLinear` (see :func:`inject_multi_lora`); nothing changes if
+    any entry is invalid.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidInputError(f"adapter name must be a non-empty string, got {name!r}")
+    if not tensors_by_module:
+        raise InvalidInputError(f"adapter {name!r} has no tensors")
+    modules = multi_lora_modules(model)
+    missing = sorted(set(tensors_by_module) - set(modules))
+    if missing:
+        raise ConfigurationError(
+            f"adapter {name!r} targets {missing[:3]}, which are not MultiLoraLinear modules; "
+            "call inject_multi_lora(model, target_modules) first"
+        )
+    if isinstance(scaling, Mapping):
+        unscaled = sorted(set(tensors_by_module) - set(scaling))
+        if unscaled:
+            raise InvalidInputError(f"adapter {name!r}: no scaling for modules {unscaled[:3]}")
+    staged = []  # validate every entry before touching the model
+    for module_name, (A_RI, B_OR) in tensors_by_module.items():
+        module = modules[module_name]
+        module_scaling = scaling[module_name] if isinstance(scaling, Mapping) else scaling
+        staged.append((module, module.checked_weights(name, A_RI, B_OR, module_scaling)))
+    remove_adapter(model, name, missing_ok=True)
+    for module, lora in staged:
+        module.adapters[name] = lora
+
+
+def remove_adapter(model: nn.Module, name: str, missing_ok: bool = False) -> None:
+    """Drop adapter ``name`` from every layer, releasing its tensors (unless the caller still holds them)."""
+    found = False
+    for module in multi_lora_modules(model).values():
+        found = module.adapters.pop(name, None) is not None or found
+    if not found and not missing_ok:
+        raise InvalidInputError(f"unknown adapter {name!r}; adapters: {adapter_names(model)}")
+
+
+def adapter_names(model: nn.Module) -> list[str]:
+    """Names of the adapters installed on any layer of ``model``, sorted."""
+    return sorted({name for module in multi_lora_modules(model).values() for name in module.adapters})
+
+
+@contextmanager
+def adapter_rows(model: nn.Module, row_adapters: Sequence[str | None]) -> Iterator[RowRouting]:
+    """Within the block, batch row ``i`` of every forward uses adapter ``row_adapters[i]`` (``None``: base only).
+
+    Nested blocks restore the outer assignment on exit. Unknown adapter names
+    are rejected up front, before any forward runs.
+    """
+    modules = list(multi_lora_modules(model).values())
+    known = {name for module in modules for name in module.adapters}
+    unknown = sorted({name for name in row_adapters if name is not None and name not in known})
+    if unknown:
+        raise InvalidInputError(f"unknown adapter(s) {unknown}; adapters: {sorted(known)}")
+    device = modules[0].weight.device if modules else torch.device("cpu")
+    routing = _routing(row_adapters, device)
+    previous = [module.routing for module in modules]
+    for module in modules:
+        module.routing = routing
+    try:
+        yield routing
+    finally:
+        for module, outer in zip(modules, previous, strict=True):
+            module.routing = outer
+
+
+def _routing(row_adapters: Sequence[str | None], device: torch.device) -> RowRouting:
+    rows_by_name: dict[str, list[int]] = {}
+    for row, name in enumerate(row_adapters):
+        if name is not None:
+            rows_by_name.setdefault(name, []).append(row)
+    batch_size = len(row_adapters)
+    groups = tuple(
+        (name, None if len(rows) == batch_size else torch.tensor(rows, dtype=torch.long, device=device))
+        for name, rows in rows_by_name.items()
+    )
+    return RowRouting(batch_size, groups)

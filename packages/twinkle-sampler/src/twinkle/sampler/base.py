@@ -1,0 +1,210 @@
+"""``Sampler``: what every sampling back-end shares — inputs, adapters per prompt, stops and results.
+
+A back-end implements :meth:`Sampler._generate` (token ids in, token ids and
+log-probs out) and adapter management; everything a user can get wrong is
+checked here first, before any compute, and every back-end returns the same
+:class:`SampleResponse` for the same tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from twinkle.data_format import InputFeature, SampleResponse, SamplingParams, Trajectory, validate_input_feature
+from twinkle.errors import ConfigurationError, InvalidInputError
+from twinkle.registry import build
+from twinkle.sampler.results import Generation, Prompt, build_response
+from twinkle.sampler.stopping import StopCriteria
+
+AdapterSpec = str | None | Sequence[str | None]
+
+
+class Sampler(ABC):
+    """Generates completions for prompts (core's ``Sampler`` protocol), with a LoRA adapter per prompt.
+
+    ``inputs`` are encoded prompts (``InputFeature``, e.g. from
+    ``dataset.encode(add_generation_prompt=True)``) or trajectories, which the
+    template set by :meth:`set_template` encodes with the generation prompt.
+    """
+
+    def __init__(self, model_path: str) -> None:
+        self.model_path = model_path
+        self.template: Any = None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+        self._model_eos_ids = _generation_config_eos_ids(Path(model_path))
+
+    # ------------------------------------------------------------------ set-up
+
+    def set_template(self, template: Any, **kwargs: Any) -> None:
+        """Use ``template`` (instance, class or registered name) to encode trajectories and decode completions.
+
+        ``model_id`` defaults to this sampler's model when the template is built here.
+        """
+        if isinstance(template, (str, type)):
+            kwargs.setdefault("model_id", self.model_path)
+        self.template = build("template", template, **kwargs)
+        self._tokenizer = getattr(self.template, "tokenizer", None)
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The template's tokenizer, else the model's own (loaded on first use)."""
+        if self._tokenizer is None:
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of token ids the model can embed (prompt ids must be below it)."""
+
+    @property
+    @abstractmethod
+    def max_model_len(self) -> int:
+        """Longest sequence (prompt + completion) the model can attend over."""
+
+    @property
+    @abstractmethod
+    def adapter_names(self) -> list[str]:
+        """The LoRA adapters that can be named in :meth:`sample`."""
+
+    @abstractmethod
+    def add_adapter(self, name: str, config: Any, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Serve LoRA adapter ``name`` (``LoraConfig`` or its dict, PEFT-format weights), replacing one of that name."""
+
+    @abstractmethod
+    def load_adapter(self, name: str, path: str | Path) -> None:
+        """Serve the LoRA adapter saved (PEFT format) in directory ``path`` as ``name``."""
+
+    @abstractmethod
+    def remove_adapter(self, name: str) -> None:
+        """Stop serving adapter ``name`` and free its memory."""
+
+    # ------------------------------------------------------------------ sampling
+
+    def sample(
+        self,
+        inputs: InputFeature | Trajectory | Sequence[InputFeature | Trajectory],
+        sampling_params: SamplingParams | None = None,
+        adapter_name: AdapterSpec = None,
+        num_samples: int | None = None,
+    ) -> SampleResponse:
+        """Sample ``num_samples`` completions per input (default ``sampling_params.num_samples``), prompt-major.
+
+        ``adapter_name`` is one adapter for every input, ``None`` for the base
+        model, or a list with one entry per input. Each sequence has its tokens,
+        raw log-probs (see :mod:`twinkle.sampler.token_sampling`), text, stop
+        reason and ``new_input_feature``: prompt + completion, labelled on the
+        completion, carrying the conversation (ending with the completion) and
+        ``user_data`` for rewards.
+        """
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidInputError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if num_samples is not None:
+            params = dataclasses.replace(params, num_samples=num_samples)  # validates it
+        prompts = self._prompts(inputs, adapter_name)
+        stop = self._stop_criteria(params)
+        self._check_lengths(prompts, params)
+        generation = self._generate(prompts, params, stop)
+        return build_response(prompts, generation, stop)
+
+    @abstractmethod
+    def _generate(self, prompts: list[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
+        """Generate ``params.num_samples`` completions per prompt, prompt-major."""
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text a user sees for ``token_ids`` (special tokens such as end-of-turn left out)."""
+        if self.template is not None:
+            return self.template.decode(token_ids, skip_special_tokens=True)
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Ids that end every completion: the tokenizer's, the model's generation config's and the template's."""
+        ids = [*self._model_eos_ids, *getattr(self.template, "eos_token_ids", [])]
+        if self.tokenizer.eos_token_id is not None:
+            ids.append(self.tokenizer.eos_token_id)
+        return list(dict.fromkeys(ids))
+
+    # ------------------------------------------------------------------ input checks
+
+    def _prompts(self, inputs: Any, adapter_name: AdapterSpec) -> list[Prompt]:
+        if isinstance(inputs, Mapping):
+            inputs = [inputs]
+        if not isinstance(inputs, Sequence) or isinstance(inputs, (str, bytes)):
+            raise InvalidInputError(f"inputs must be a list of InputFeature or Trajectory dicts, got {inputs!r:.80}")
+        if not inputs:
+            raise InvalidInputError("inputs is empty: pass at least one prompt")
+        adapters = self._adapters(adapter_name, len(inputs))
+        prompts = []
+        for index, item in enumerate(inputs):
+            feature = self._encode(item, index)
+            prompts.append(Prompt(feature["input_ids"], adapters[index], feature))
+        return prompts
+
+    def _encode(self, item: Any, index: int) -> InputFeature:
+        where = f"inputs[{index}]"
+        if isinstance(item, Mapping) and "input_ids" not in item and "messages" in item:
+            if self.template is None:
+                raise ConfigurationError(f"{where} is a trajectory; call set_template(...) so it can be encoded")
+            encoded = self.template.encode(item, add_generation_prompt=True)
+            if encoded is None:
+                raise InvalidInputError(f"{where} was dropped by the template's truncation strategy")
+            item = encoded
+        return validate_input_feature(item, where=where, vocab_size=self.vocab_size)
+
+    def _adapters(self, adapter_name: AdapterSpec, count: int) -> list[str | None]:
+        names = [adapter_name] * count if adapter_name is None or isinstance(adapter_name, str) else adapter_name
+        if not isinstance(names, Sequence) or len(names) != count:
+            raise InvalidInputError(
+                f"adapter_name must be a name, None, or a list with one entry per input ({count}), got {adapter_name!r}"
+            )
+        known = set(self.adapter_names)
+        for index, name in enumerate(names):
+            if name is not None and name not in known:
+                raise InvalidInputError(
+                    f"unknown adapter {name!r} (inputs[{index}]); adapters: {sorted(known)}. Add it with add_adapter"
+                )
+        return list(names)
+
+    def _check_lengths(self, prompts: list[Prompt], params: SamplingParams) -> None:
+        for index, prompt in enumerate(prompts):
+            if len(prompt.input_ids) + params.max_tokens > self.max_model_len:
+                raise InvalidInputError(
+                    f"inputs[{index}] has {len(prompt.input_ids)} tokens: with max_tokens={params.max_tokens} it "
+                    f"exceeds the model's {self.max_model_len}-token context; shorten it or lower max_tokens"
+                )
+
+    def _stop_criteria(self, params: SamplingParams) -> StopCriteria:
+        strings = [item for item in params.stop if isinstance(item, str)]
+        ids = [item for item in params.stop if not isinstance(item, str)]
+        for token_id in ids:
+            if token_id >= self.vocab_size:
+                raise InvalidInputError(
+                    f"SamplingParams.stop id {token_id} is outside the vocabulary [0, {self.vocab_size})"
+                )
+        for text in strings:
+            length = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            if length > params.max_tokens:
+                raise InvalidInputError(
+                    f"stop string {text!r} is {length} tokens long but max_tokens={params.max_tokens}: "
+                    "it could never be generated in full"
+                )
+        return StopCriteria([*self.eos_token_ids, *ids], strings, self.decode)
+
+
+def _generation_config_eos_ids(model_dir: Path) -> list[int]:
+    """End-of-sequence ids from the model's ``generation_config.json`` (several for chat models)."""
+    config = model_dir / "generation_config.json"
+    if not config.is_file():
+        return []
+    eos = json.loads(config.read_text()).get("eos_token_id")
+    return [] if eos is None else eos if isinstance(eos, list) else [eos]

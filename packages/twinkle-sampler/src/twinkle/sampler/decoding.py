@@ -1,0 +1,160 @@
+"""Batched generation over a transformers causal LM with a KV cache and per-row LoRA adapters.
+
+Distinct prompts are prefilled once (left-padded, with matching attention mask
+and position ids); their cache rows are then repeated for every sample that
+continues them, so ``num_samples`` copies of a prompt — or the same prompt sent
+several times — cost one prefill. Each step runs the decoder on the newest
+token of every unfinished row and the output layer on those rows only; rows
+that finish leave the batch (and the cache), so long completions do not drag
+short ones along. Every forward runs under :func:`twinkle.module.adapter_rows`,
+so each row sees its own adapter, or none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+
+import torch
+from transformers import DynamicCache
+
+from twinkle.data_format import SamplingParams
+from twinkle.module import adapter_rows, multi_lora_modules
+from twinkle.sampler.prompt_logprobs import prompt_logprobs
+from twinkle.sampler.results import Completion, Generation, Prompt
+from twinkle.sampler.stopping import StopCriteria
+from twinkle.sampler.token_sampling import StepTokens, choose_tokens, requested, topk_count, topk_pairs
+
+
+class _Rows:
+    """The rows still generating: which completion each is, its adapter, attention mask and next position.
+
+    ``seen_BS`` (every token so far) is kept only for the repetition penalty;
+    a left-padded row's pads repeat one of its real tokens there.
+    """
+
+    def __init__(self, adapters: list[str | None], mask_BL: torch.Tensor, seen_BS: torch.Tensor | None) -> None:
+        self.completions = list(range(len(adapters)))
+        self.adapters = adapters
+        self.mask_BL = mask_BL
+        self.seen_BS = seen_BS
+        self.next_position_B = mask_BL.sum(dim=-1)
+
+    def advance(
+        self, tokens_B: torch.Tensor, keep: list[int], cache: DynamicCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the step's tokens and drop finished rows (``keep``: those that go on); the next ids and positions."""
+        new_B1 = tokens_B.unsqueeze(-1)
+        if self.seen_BS is not None:
+            self.seen_BS = torch.cat([self.seen_BS, new_B1], dim=-1)
+        if len(keep) < len(self.completions):
+            index = torch.tensor(keep, device=new_B1.device)
+            self.completions = [self.completions[i] for i in keep]
+            self.adapters = [self.adapters[i] for i in keep]
+            new_B1, self.mask_BL, self.next_position_B = new_B1[index], self.mask_BL[index], self.next_position_B[index]
+            self.seen_BS = None if self.seen_BS is None else self.seen_BS[index]
+            cache.batch_select_indices(index)
+        self.mask_BL = torch.cat([self.mask_BL, torch.ones_like(new_B1)], dim=-1)
+        positions_B1 = self.next_position_B.unsqueeze(-1)
+        self.next_position_B = self.next_position_B + 1
+        return new_B1, positions_B1
+
+
+class Decoder:
+    """Runs one :class:`twinkle.sampler.TorchSampler` request over its model."""
+
+    def __init__(self, model: torch.nn.Module, pad_token_id: int, generator: torch.Generator | None) -> None:
+        self.model = model
+        self.decoder = model.get_decoder()
+        self.head = model.get_output_embeddings()
+        self.pad_token_id = pad_token_id
+        self.generator = generator
+        self.has_adapters = bool(multi_lora_modules(model))
+
+    def generate(self, prompts: Sequence[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
+        """``params.num_samples`` completions per prompt, prompt-major."""
+        distinct: dict[tuple[tuple[int, ...], str | None], int] = {}
+        source = [distinct.setdefault((tuple(p.input_ids), p.adapter), len(distinct)) for p in prompts]
+        ids_UL, mask_UL = self._left_pad([list(ids) for ids, _ in distinct])
+        cache = DynamicCache(config=self.model.config)
+        hidden_ULH = self._forward(ids_UL, mask_UL, self._positions(mask_UL), [a for _, a in distinct], cache)
+        generation = Generation(completions=[])
+        if requested(params.prompt_logprobs):
+            logprobs, alternatives = prompt_logprobs(self.head, hidden_ULH, ids_UL, mask_UL, params.prompt_logprobs)
+            generation.prompt_logprobs = [logprobs[u] for u in source]
+            generation.topk_prompt_logprobs = None if alternatives is None else [alternatives[u] for u in source]
+        expand = torch.tensor([u for u in source for _ in range(params.num_samples)], device=ids_UL.device)
+        cache.batch_select_indices(expand)
+        seen_BS = None
+        if params.repetition_penalty != 1.0:
+            seen_BS = torch.where(mask_UL.bool(), ids_UL, ids_UL[:, -1:])[expand]
+        adapters = [prompt.adapter for prompt in prompts for _ in range(params.num_samples)]
+        rows = _Rows(adapters, mask_UL[expand], seen_BS)
+        generation.completions = self._decode(hidden_ULH[:, -1][expand], rows, cache, params, stop)
+        return generation
+
+    def _decode(
+        self, hidden_BH: torch.Tensor, rows: _Rows, cache: DynamicCache, params: SamplingParams, stop: StopCriteria
+    ) -> list[Completion]:
+        logprobs, topk = requested(params.logprobs), topk_count(params.logprobs) > 0
+        completions = [Completion([], "length", [] if logprobs else None, [] if topk else None) for _ in rows.adapters]
+        for step in range(params.max_tokens):
+            chosen = choose_tokens(self.head(hidden_BH), params, self.generator, rows.seen_BS)
+            keep = self._record(chosen, rows, completions, stop, last_step=step == params.max_tokens - 1)
+            if not keep:
+                break
+            ids_B1, positions_B1 = rows.advance(chosen.tokens_B, keep, cache)
+            hidden_BH = self._forward(ids_B1, rows.mask_BL, positions_B1, rows.adapters, cache)[:, -1]
+        return completions
+
+    def _forward(
+        self,
+        ids_BT: torch.Tensor,
+        mask_BL: torch.Tensor,
+        positions_BT: torch.Tensor,
+        adapters: list[str | None],
+        cache: DynamicCache,
+    ) -> torch.Tensor:
+        routed = adapter_rows(self.model, adapters) if self.has_adapters else nullcontext()
+        with routed:
+            output = self.decoder(
+                input_ids=ids_BT, attention_mask=mask_BL, position_ids=positions_BT, cache=cache, use_cache=True
+            )
+        return output.last_hidden_state
+
+    @staticmethod
+    def _record(
+        chosen: StepTokens, rows: _Rows, completions: list[Completion], stop: StopCriteria, last_step: bool
+    ) -> list[int]:
+        """Append the step's tokens to their completions; return the batch positions that go on."""
+        tokens = chosen.tokens_B.tolist()
+        logprobs = None if chosen.logprobs_B is None else chosen.logprobs_B.tolist()
+        topk = None if chosen.topk_ids_BK is None else topk_pairs(chosen.topk_ids_BK, chosen.topk_logprobs_BK)
+        keep = []
+        for position, index in enumerate(rows.completions):
+            completion = completions[index]
+            completion.tokens.append(tokens[position])
+            if logprobs is not None:
+                completion.logprobs.append(logprobs[position])
+            if topk is not None:
+                completion.topk_logprobs.append(topk[position])
+            if tokens[position] in stop.stop_ids or stop.ends_with_stop_string(completion.tokens):
+                completion.stop_reason = "stop"
+            elif not last_step:
+                keep.append(position)
+        return keep
+
+    def _left_pad(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        device = self.head.weight.device
+        length = max(len(ids) for ids in sequences)
+        ids_BL = torch.full((len(sequences), length), self.pad_token_id, dtype=torch.long)
+        mask_BL = torch.zeros((len(sequences), length), dtype=torch.long)
+        for row, ids in enumerate(sequences):
+            ids_BL[row, length - len(ids) :] = torch.tensor(ids)
+            mask_BL[row, length - len(ids) :] = 1
+        return ids_BL.to(device), mask_BL.to(device)
+
+    @staticmethod
+    def _positions(mask_BL: torch.Tensor) -> torch.Tensor:
+        """Position ids counting real tokens only, so a left-padded row is positioned as if unpadded."""
+        return (mask_BL.cumsum(dim=-1) - 1).clamp(min=0)

@@ -1,0 +1,96 @@
+"""What a sampler back-end hands back, and how it becomes a :class:`SampleResponse`.
+
+Back-ends only generate tokens (:class:`Completion`); turning them into text,
+training features and the conversation a reward reads is shared here, so every
+back-end returns the same thing for the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from twinkle.data_format import (
+    IGNORE_INDEX,
+    InputFeature,
+    SampledSequence,
+    SampleResponse,
+    make_input_feature,
+)
+from twinkle.data_format.sampling import StopReason
+from twinkle.sampler.stopping import StopCriteria
+
+TopK = list[tuple[int, float]]
+
+
+@dataclass
+class Prompt:
+    """One input: its token ids, the adapter that samples it, and the validated feature (messages, user_data)."""
+
+    input_ids: list[int]
+    adapter: str | None
+    feature: InputFeature
+
+
+@dataclass
+class Completion:
+    """One generated continuation, as a back-end produced it."""
+
+    tokens: list[int]
+    stop_reason: StopReason
+    logprobs: list[float] | None = None
+    topk_logprobs: list[TopK] | None = None
+
+
+@dataclass
+class Generation:
+    """A back-end's answer: completions prompt-major (``num_samples`` per prompt), optional prompt log-probs."""
+
+    completions: list[Completion]
+    prompt_logprobs: list[list[float | None]] | None = None
+    topk_prompt_logprobs: list[list[TopK | None]] | None = None
+
+
+def build_response(prompts: list[Prompt], generation: Generation, stop: StopCriteria) -> SampleResponse:
+    """Attach text, the conversation and a ready-to-train feature to every completion."""
+    num_samples = len(generation.completions) // len(prompts)
+    sequences = []
+    for index, completion in enumerate(generation.completions):
+        prompt = prompts[index // num_samples]
+        text = stop.visible_text(completion.tokens)
+        sequences.append(
+            SampledSequence(
+                tokens=completion.tokens,
+                stop_reason=completion.stop_reason,
+                logprobs=completion.logprobs,
+                topk_logprobs=completion.topk_logprobs,
+                decoded=text,
+                new_input_feature=_training_feature(prompt, completion.tokens, text),
+            )
+        )
+    return SampleResponse(
+        sequences=sequences,
+        prompt_token_ids=[prompt.input_ids for prompt in prompts],
+        prompt_logprobs=generation.prompt_logprobs,
+        topk_prompt_logprobs=generation.topk_prompt_logprobs,
+    )
+
+
+def _training_feature(prompt: Prompt, tokens: list[int], text: str) -> InputFeature:
+    """Prompt + completion, labels on the completion only; the conversation ends with the completion.
+
+    A prompt encoded for generation may still carry the reference answer as
+    trailing assistant messages (they were not rendered); those are replaced,
+    so ``messages[-1]`` is always what the model said — the turn rewards score.
+    """
+    extra: dict[str, Any] = {}
+    messages = prompt.feature.get("messages")
+    if messages is not None:
+        end = len(messages)
+        while end and messages[end - 1].get("role") == "assistant":
+            end -= 1
+        extra["messages"] = [*messages[:end], {"role": "assistant", "content": text}]
+    if prompt.feature.get("user_data") is not None:
+        extra["user_data"] = prompt.feature["user_data"]
+    labels = [IGNORE_INDEX] * len(prompt.input_ids) + tokens
+    return make_input_feature(prompt.input_ids + tokens, labels, **extra)

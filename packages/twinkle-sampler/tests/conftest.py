@@ -1,0 +1,97 @@
+import json
+import os
+import tempfile
+
+import pytest
+import torch
+
+os.environ.setdefault("TWINKLE_CACHE_DIR", tempfile.mkdtemp(prefix="twinkle-test-cache-"))
+
+from peft import LoraConfig, get_peft_model_state_dict
+
+from twinkle.hub import resolve_dataset
+from twinkle.sampler import TorchSampler
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_intra_op_thread():
+    """One torch thread: the tiny model's matrices are too small for intra-op threads to pay off."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def template():
+    from twinkle.template import Template
+
+    return Template("builtin://qwen3-tiny", max_length=256)
+
+
+@pytest.fixture(scope="session")
+def trajectories():
+    """Six GSM8K-style questions as trajectories, the reference answer in ``user_data``."""
+    path = os.path.join(resolve_dataset("builtin://gsm8k-mini"), "test.jsonl")
+    with open(path, encoding="utf-8") as handle:
+        rows = [json.loads(line) for line in handle][:6]
+    return [
+        {"messages": [{"role": "user", "content": row["question"]}], "user_data": {"answer": row["answer"]}}
+        for row in rows
+    ]
+
+
+@pytest.fixture(scope="session")
+def prompts(template, trajectories):
+    """The trajectories encoded for generation, as ``dataset.encode(add_generation_prompt=True)`` gives them."""
+    return [template.encode(trajectory, add_generation_prompt=True) for trajectory in trajectories]
+
+
+@pytest.fixture(scope="session")
+def shared_sampler(template):
+    sampler = TorchSampler(device="cpu")
+    sampler.set_template(template)
+    return sampler
+
+
+@pytest.fixture
+def sampler(shared_sampler):
+    """The session's TorchSampler, handed back without the adapters a test added."""
+    yield shared_sampler
+    for name in shared_sampler.adapter_names:
+        shared_sampler.remove_adapter(name)
+
+
+@pytest.fixture(scope="session")
+def trained_model():
+    """``trained_model(*names)``: a TransformersModel whose LoRA adapters have random (non-zero) B.
+
+    LoRA starts as the identity (B = 0); random B makes each adapter change the
+    model's predictions, so nothing passes by accident.
+    """
+    from twinkle.model import TransformersModel
+
+    def make(*names: str, rank: int = 4) -> TransformersModel:
+        torch.manual_seed(0)
+        model = TransformersModel(device="cpu")
+        for index, name in enumerate(names):
+            config = LoraConfig(r=rank * (index + 1), lora_alpha=8, target_modules="all-linear", lora_dropout=0.0)
+            model.add_adapter_to_model(name, config)
+            generator = torch.Generator().manual_seed(index + 1)
+            with torch.no_grad():
+                for param_name, param in model.model.named_parameters():
+                    if "lora_B" in param_name and f".{name}." in param_name:
+                        param.normal_(0, 0.3, generator=generator)
+        return model
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def lora_of():
+    """``lora_of(model, name)``: what a trainer hands a sampler, the adapter's LoraConfig and PEFT-format tensors."""
+
+    def export(model, name):
+        return model.model.peft_config[name], get_peft_model_state_dict(model.model, adapter_name=name)
+
+    return export
