@@ -1,10 +1,8 @@
-"""Shared fixtures for cross-package tests: workspace facts and an isolated builtin cache."""
+"""Shared fixtures for cross-package tests: facts about the workspace's distributions."""
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,9 +10,6 @@ import pytest
 import tomllib
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-# Builtin model/datasets are built once per test session, never into the user's cache.
-os.environ.setdefault("TWINKLE_CACHE_DIR", tempfile.mkdtemp(prefix="twinkle-test-cache-"))
 
 
 def normalize(name: str) -> str:

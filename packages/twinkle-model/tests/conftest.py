@@ -1,30 +1,13 @@
 import json
 import os
-import tempfile
 
 import pytest
 import torch
-
-os.environ.setdefault("TWINKLE_CACHE_DIR", tempfile.mkdtemp(prefix="twinkle-test-cache-"))
-
 from peft import LoraConfig
 
 from twinkle.data_format import IGNORE_INDEX, make_input_feature
 from twinkle.hub import resolve_dataset
 from twinkle.model import TransformersModel
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_intra_op_thread():
-    """Run this package's tests on one torch thread, and give the previous count back afterwards.
-
-    The tiny model's matrices are too small for intra-op threads to pay off, and
-    on a busy two-core machine their synchronisation makes steps many times slower.
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

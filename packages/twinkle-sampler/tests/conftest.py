@@ -1,25 +1,12 @@
 import json
 import os
-import tempfile
 
 import pytest
 import torch
-
-os.environ.setdefault("TWINKLE_CACHE_DIR", tempfile.mkdtemp(prefix="twinkle-test-cache-"))
-
 from peft import LoraConfig, get_peft_model_state_dict
 
 from twinkle.hub import resolve_dataset
 from twinkle.sampler import TorchSampler
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_intra_op_thread():
-    """One torch thread: the tiny model's matrices are too small for intra-op threads to pay off."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
