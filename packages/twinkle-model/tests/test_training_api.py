@@ -240,4 +240,4 @@ def test_rl_loss_reads_logps_without_inputs_and_reports_its_metrics(lora_config,
     assert out.metrics["ratio"] == pytest.approx(1.0, abs=1e-5)
     assert {"clip_low_fraction", "clip_high_fraction", "approx_kl"} <= set(out.metrics)
     model.clip_grad_and_step()
-    assert model.calculate_metric()["ratio"] == pytest.approx(1.0, abs=1e-5)
+    assert model.calculate_metric()["loss/ratio"] == pytest.approx(1.0, abs=1e-5)

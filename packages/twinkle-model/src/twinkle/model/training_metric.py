@@ -33,7 +33,8 @@ class TrainingMetric(Metric):
 
     def accumulate(self, **values: Any) -> None:
         """Keys: ``loss``, ``correct_tokens``, ``supervised_tokens``, ``tokens``, ``seconds``, ``grad_norm``, ``lr``,
-        and ``loss_metrics`` (a loss's own scalars, e.g. clip fractions: averaged over calls)."""
+        and ``loss_metrics``: a loss's own scalars (e.g. clip fractions), averaged over calls and
+        reported as ``loss/<name>``."""
         if "loss" in values:
             self._loss_sum += float(values["loss"])
             self._calls += 1
@@ -64,6 +65,6 @@ class TrainingMetric(Metric):
             result["grad_norm"] = self._grad_norm
         if self._lr is not None:
             result["lr"] = self._lr
-        for name, total in self._loss_metric_sums.items():
-            result[name] = total / self._loss_metric_calls[name]
+        for name, total in self._loss_metric_sums.items():  # namespaced: a loss may report its own "accuracy"
+            result[f"loss/{name}"] = total / self._loss_metric_calls[name]
         return result
