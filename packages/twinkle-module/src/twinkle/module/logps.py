@@ -3,8 +3,9 @@
 For a 151k vocabulary, full float32 logits of a batch of 8×4096 tokens take
 20 GB. :func:`chunked_token_logps` walks over the tokens in chunks so only one
 chunk's logits are alive at a time. When all chunks' probabilities fit in
-``max_saved_bytes`` they are kept for the backward (as a plain cross-entropy
-would); beyond that the backward recomputes each chunk's logits instead of
+``max_saved_bytes`` (4 GiB by default; a plain cross-entropy over the same
+tokens keeps its logits *and* their log-softmax, twice as much) they are kept
+for the backward, so nothing is computed twice; beyond that the backward recomputes each chunk's logits instead of
 storing them (the trade made by fused linear cross-entropy kernels, which
 replace this function on GPU later). Callers pass only supervised positions,
 so prompt tokens cost nothing in the output layer.
@@ -18,7 +19,7 @@ import torch
 
 from twinkle.data_format import IGNORE_INDEX
 
-DEFAULT_MAX_SAVED_BYTES = 1 << 30
+DEFAULT_MAX_SAVED_BYTES = 4 << 30
 
 
 class TokenLogps(NamedTuple):
