@@ -5,9 +5,9 @@ For a 151k vocabulary, full float32 logits of a batch of 8×4096 tokens take
 chunk's logits are alive at a time. When all chunks' probabilities fit in
 ``max_saved_bytes`` (4 GiB by default; a plain cross-entropy over the same
 tokens keeps its logits *and* their log-softmax, twice as much) they are kept
-for the backward, so nothing is computed twice; beyond that the backward recomputes each chunk's logits instead of
-storing them (the trade made by fused linear cross-entropy kernels, which
-replace this function on GPU later). Callers pass only supervised positions,
+for the backward, so nothing is computed twice; beyond that the backward
+recomputes each chunk's logits instead of storing them (the trade made by
+fused linear cross-entropy kernels, which replace this function on GPU later). Callers pass only supervised positions,
 so prompt tokens cost nothing in the output layer.
 """
 
