@@ -8,6 +8,7 @@ Being ``LRScheduler``s, they checkpoint with ``state_dict()`` like any torch sch
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
@@ -33,6 +34,21 @@ def _check_steps(num_warmup_steps: int, num_training_steps: int | None) -> None:
         )
 
 
+def _warmup_then_decay(
+    num_warmup_steps: int, num_training_steps: int, min_lr_ratio: float, decay: Callable[[float], float]
+) -> Callable[[int], float]:
+    """The lr factor: linear warm-up, then ``decay(progress)`` (1 -> 0) rescaled to end at ``min_lr_ratio``."""
+    _check_steps(num_warmup_steps, num_training_steps)
+
+    def factor(step: int) -> float:
+        if step < num_warmup_steps:
+            return _warmup(step, num_warmup_steps)
+        progress = _progress(step, num_warmup_steps, num_training_steps)
+        return min_lr_ratio + (1.0 - min_lr_ratio) * decay(progress)
+
+    return factor
+
+
 @register("lr_scheduler")
 class CosineWarmupScheduler(LambdaLR):
     """Linear warm-up to the optimizer's lr, then cosine decay to ``min_lr_ratio × lr``.
@@ -48,16 +64,10 @@ class CosineWarmupScheduler(LambdaLR):
         num_cycles: float = 0.5,
         min_lr_ratio: float = 0.0,
     ) -> None:
-        _check_steps(num_warmup_steps, num_training_steps)
+        def cosine(progress: float) -> float:
+            return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 2.0 * num_cycles * progress)))
 
-        def factor(step: int) -> float:
-            if step < num_warmup_steps:
-                return _warmup(step, num_warmup_steps)
-            progress = _progress(step, num_warmup_steps, num_training_steps)
-            cosine = max(0.0, 0.5 * (1.0 + math.cos(math.pi * 2.0 * num_cycles * progress)))
-            return min_lr_ratio + (1.0 - min_lr_ratio) * cosine
-
-        super().__init__(optimizer, factor)
+        super().__init__(optimizer, _warmup_then_decay(num_warmup_steps, num_training_steps, min_lr_ratio, cosine))
 
 
 @register("lr_scheduler")
@@ -71,14 +81,7 @@ class LinearWarmupScheduler(LambdaLR):
         num_training_steps: int = 1000,
         min_lr_ratio: float = 0.0,
     ) -> None:
-        _check_steps(num_warmup_steps, num_training_steps)
-
-        def factor(step: int) -> float:
-            if step < num_warmup_steps:
-                return _warmup(step, num_warmup_steps)
-            progress = _progress(step, num_warmup_steps, num_training_steps)
-            return min_lr_ratio + (1.0 - min_lr_ratio) * (1.0 - progress)
-
+        factor = _warmup_then_decay(num_warmup_steps, num_training_steps, min_lr_ratio, lambda progress: 1.0 - progress)
         super().__init__(optimizer, factor)
 
 
