@@ -2,14 +2,17 @@
 
 The seed's GRPO listing (dataset -> sampler -> rewards -> advantages ->
 mini-batched ``forward_backward(old_logps=..., advantages=...)`` ->
-``clip_grad_and_step`` -> ``sync_weights``), in one process. A random tiny
-model cannot do arithmetic, so a short supervised warm-up on worked solutions
-comes first; GRPO then improves the answers' format and accuracy:
+``clip_grad_and_step`` -> ``sync_weights``), in one process:
 
     python cookbook/rl/grpo.py
 
-The reward per completion is the mean of GSM8KFormatReward and
-GSM8KAccuracyReward (so it lies in [0, 1]); its curve is saved as a PNG.
+A randomly initialised tiny model cannot write anything sensible, so a short
+full-parameter SFT warm-up on worked solutions comes first and is saved as a
+checkpoint (reused on the next run). It stops early on purpose: the model has
+seen the answer format but rarely produces it. GRPO then trains a LoRA adapter
+on top of that checkpoint. The reward per completion is the mean of
+GSM8KFormatReward and GSM8KAccuracyReward (so it lies in [0, 1]); its curve is
+saved as a PNG. On 2 CPU cores the whole run takes about 4 minutes.
 """
 
 import os
@@ -33,33 +36,49 @@ from twinkle.sampler import TorchSampler
 MODEL_ID = os.environ.get("MODEL_ID", "builtin://qwen3-tiny")
 SEED = int(os.environ.get("SEED", 42))
 WARMUP_STEPS = int(os.environ.get("WARMUP_STEPS", 60))
+WARMUP_LR = float(os.environ.get("WARMUP_LR", 1e-3))
 MAX_STEPS = int(os.environ.get("MAX_STEPS", 60))
 BATCH_SIZE = int(os.environ.get("BATCH_SIZE", 8))  # prompts per step
 NUM_GENERATIONS = int(os.environ.get("NUM_GENERATIONS", 8))
 MINI_BATCH_SIZE = int(os.environ.get("MINI_BATCH_SIZE", 64))  # completions per optimizer step
 MICRO_BATCH_SIZE = int(os.environ.get("MICRO_BATCH_SIZE", 32))
-MAX_NEW_TOKENS = int(os.environ.get("MAX_NEW_TOKENS", 40))
-LEARNING_RATE = float(os.environ.get("LR", 5e-3))
+MAX_NEW_TOKENS = int(os.environ.get("MAX_NEW_TOKENS", 48))
+LEARNING_RATE = float(os.environ.get("LR", 5e-4))
 OUTPUT_DIR = os.environ.get("OUTPUT_DIR", "outputs/grpo")
 ADAPTER_NAME = "default"
 
 
 def create_dataset(for_sampling: bool) -> Dataset:
-    """Prompts to sample from (RL), or prompts with worked solutions (warm-up)."""
+    """Prompts to sample from (RL), or prompts with worked solutions (warm-up).
+
+    No system prompt: the tiny model cannot follow instructions anyway, and
+    shorter prompts make every step cheaper.
+    """
     dataset = Dataset(DatasetMeta("builtin://gsm8k-mini"))
     dataset.set_template("Template", model_id=MODEL_ID, max_length=256, enable_thinking=False)
-    dataset.map(GSM8KProcessor(include_solution=not for_sampling))
+    dataset.map(GSM8KProcessor(system=None, include_solution=not for_sampling))
     dataset.encode(add_generation_prompt=for_sampling)
     return dataset
 
 
-def warm_up(model: TransformersModel, steps: int) -> None:
-    """A little supervised learning on worked solutions, so sampled answers can be right at all."""
+def warm_up_checkpoint() -> str:
+    """A full-parameter SFT checkpoint on worked solutions, trained once and reused."""
+    directory = os.path.join(OUTPUT_DIR, f"warmup-{WARMUP_STEPS}-steps")
+    marker = os.path.join(directory, "checkpoint-path")
+    if os.path.exists(marker):
+        with open(marker) as file:
+            return file.read()
+    model = TransformersModel(model_id=MODEL_ID)
+    model.set_optimizer("AdamW", lr=WARMUP_LR)
     dataloader = DataLoader(dataset=create_dataset(for_sampling=False), batch_size=16, shuffle=True, seed=SEED)
     batches = iter(dataloader)
-    for _ in tqdm(range(steps), desc="warm-up"):
+    for _ in tqdm(range(WARMUP_STEPS), desc="SFT warm-up"):
         model.forward_backward(inputs=next(batches))
         model.clip_grad_and_step()
+    checkpoint = model.save("last-checkpoint", output_dir=directory, save_optimizer=False)
+    with open(marker, "w") as file:  # written last: a half-finished warm-up is redone
+        file.write(checkpoint)
+    return checkpoint
 
 
 def compute_rewards(trajectories: list) -> tuple[list[float], list[float], list[float]]:
@@ -88,27 +107,26 @@ def save_reward_curve(rewards: list[float], path: str) -> None:
 
 def main() -> None:
     twinkle.initialize(seed=SEED)
-    model = TransformersModel(model_id=MODEL_ID)
+    started = time.perf_counter()
+    base_model = warm_up_checkpoint()
+
+    model = TransformersModel(model_id=base_model)
     model.add_adapter_to_model(ADAPTER_NAME, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
     model.set_optimizer("AdamW", lr=LEARNING_RATE)
-    warm_up(model, WARMUP_STEPS)
-
-    model.set_optimizer("AdamW", lr=LEARNING_RATE)  # a fresh optimizer for the RL phase
     model.set_loss("GRPOLoss", epsilon=0.2)
-    sampler = TorchSampler(model_id=MODEL_ID)
-    sampler.set_template("Template", model_id=MODEL_ID, enable_thinking=False)
+    sampler = TorchSampler(model_id=base_model)
+    sampler.set_template("Template", model_id=base_model, enable_thinking=False)
     ckpt_manager = CheckpointEngineManager(model=model, sampler=sampler)
     dataloader = DataLoader(dataset=create_dataset(for_sampling=True), batch_size=BATCH_SIZE, shuffle=True, seed=SEED)
     advantage_fn = GRPOAdvantage()
     metrics, mismatch = CompletionRewardMetric(), LogprobMismatchMetric()
-    sampling_params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=SEED)
     reward_curve: list[float] = []
-    started = time.perf_counter()
-    progress = tqdm(total=MAX_STEPS, desc="grpo")
+    progress = tqdm(total=MAX_STEPS, desc="GRPO")
     batches = iter(dataloader)
     while len(reward_curve) < MAX_STEPS:
         prompts = next(batches)
-        ckpt_manager.sync_weights(merge_and_sync=False)
+        ckpt_manager.sync_weights(merge_and_sync=False)  # LoRA tensors only
+        sampling_params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=SEED + len(reward_curve))
         response = sampler.sample(prompts, sampling_params, adapter_name=ADAPTER_NAME, num_samples=NUM_GENERATIONS)
         inputs = [sequence.new_input_feature for sequence in response.sequences]
         old_logps = [sequence.logprobs for sequence in response.sequences]
@@ -136,7 +154,11 @@ def main() -> None:
         mismatch.reset()
         reward_curve.append(log["reward/total/mean"])
         progress.update()
-        progress.set_postfix(reward=f"{log['reward/total/mean']:.2f}", acc=f"{log['reward/accuracy/mean']:.2f}")
+        progress.set_postfix(
+            reward=f"{log['reward/total/mean']:.2f}",
+            format=f"{log['reward/format/mean']:.2f}",
+            accuracy=f"{log['reward/accuracy/mean']:.2f}",
+        )
     progress.close()
 
     os.makedirs(OUTPUT_DIR, exist_ok=True)
@@ -145,9 +167,10 @@ def main() -> None:
     first, last = reward_curve[:10], reward_curve[-10:]
     print(
         f"mean reward: first 10 steps {sum(first) / len(first):.3f} -> last 10 steps {sum(last) / len(last):.3f} "
-        f"({time.perf_counter() - started:.0f} s); sampler/trainer logprob mismatch max "
-        f"{log.get('logprob_mismatch/max_abs', float('nan')):.2e}; adapter saved to {checkpoint}"
+        f"({time.perf_counter() - started:.0f} s incl. warm-up); sampler/trainer logprob mismatch max "
+        f"{log['logprob_mismatch/max_abs']:.2e}; adapter saved to {checkpoint}"
     )
+    print(f"last completion: {response.sequences[-1].decoded!r}")
 
 
 def _completion_logps(output, inputs) -> list[list[float]]:
