@@ -8,6 +8,7 @@ recorded for ``calculate_metric``.
 import copy
 from contextlib import contextmanager
 
+import numpy as np
 import pytest
 import torch
 from peft import LoraConfig
@@ -137,6 +138,21 @@ BAD_CALLS = {
         lambda m, f: m.forward_backward(inputs=f, advantages=[1.0]),
         InvalidInputError,
         "'advantages' has 1 entries but the batch has 4 samples",
+    ),
+    "loss_input_array_of_wrong_length": (  # once shared by both micro-batches, lining up with each of them
+        lambda m, f: m.forward_backward(inputs=f, advantages=np.array([1.0, -1.0]), micro_batch_size=2),
+        InvalidInputError,
+        "'advantages' has 2 entries but the batch has 4 samples",
+    ),
+    "loss_input_tensor_of_wrong_length": (
+        lambda m, f: m.forward_backward(inputs=f, advantages=torch.tensor([1.0, -1.0]), micro_batch_size=2),
+        InvalidInputError,
+        "'advantages' has 2 entries but the batch has 4 samples",
+    ),
+    "loss_input_0d_tensor": (  # a scalar, handed to the loss as it is (once a TypeError from len())
+        lambda m, f: m.forward_backward(inputs=f, advantages=torch.tensor(1.0), micro_batch_size=2),
+        InvalidInputError,
+        r"CrossEntropyLoss takes no extra inputs, got \['advantages'\]",
     ),
     "loss_input_the_loss_does_not_take": (
         lambda m, f: m.forward_backward(inputs=f, advantages=[1.0] * 4),

@@ -34,7 +34,7 @@ from twinkle.model.checkpoint_io import (
 from twinkle.model.train_state import TrainState
 
 if TYPE_CHECKING:
-    from twinkle.model.transformers_model import TransformersModel
+    from twinkle.model.training_model import TrainingModel
 
 FORMAT_VERSION = 1
 DEFAULT_OUTPUT_DIR = "outputs"
@@ -42,7 +42,7 @@ _TOKENIZER_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "vocab", "merges"
 
 
 def save(
-    owner: TransformersModel,
+    owner: TrainingModel,
     state: TrainState,
     name: str,
     output_dir: str | Path | None,
@@ -54,7 +54,7 @@ def save(
     final = Path(output_dir or os.environ.get("TWINKLE_OUTPUT_DIR", DEFAULT_OUTPUT_DIR)) / name
     with atomic_directory(final) as tmp:
         if state.is_adapter:
-            peft_adapters.save_adapter(owner.model, state.name, tmp, owner.model_path)
+            owner._write_adapter(state, tmp)
         else:
             owner.model.save_pretrained(str(tmp), safe_serialization=True)
             _copy_tokenizer_files(Path(owner.model_path), tmp)
@@ -80,7 +80,7 @@ def save(
     return final
 
 
-def load_weights(owner: TransformersModel, path: Path, adapter_name: str | None, load_optimizer: bool) -> TrainState:
+def load_weights(owner: TrainingModel, path: Path, adapter_name: str | None, load_optimizer: bool) -> TrainState:
     """Load weights into the matching adapter (created from the checkpoint's config if missing).
 
     A missing or unusable optimizer state, or full weights that do not fit the
@@ -100,7 +100,7 @@ def load_weights(owner: TransformersModel, path: Path, adapter_name: str | None,
     if name is None:
         _load_full_weights(owner.model, path)
     elif name in owner.adapter_names:
-        peft_adapters.load_adapter_weights(owner.model, name, path)
+        owner._load_adapter_weights(name, path)
     else:
         gradient_accumulation = meta.get("counters", {}).get("gradient_accumulation_steps", 1)
         owner.add_adapter_to_model(name, path, gradient_accumulation_steps=gradient_accumulation)
@@ -112,7 +112,7 @@ def load_weights(owner: TransformersModel, path: Path, adapter_name: str | None,
     return state
 
 
-def resume(owner: TransformersModel, path: Path, adapter_name: str | None, dataloader: Any) -> None:
+def resume(owner: TrainingModel, path: Path, adapter_name: str | None, dataloader: Any) -> None:
     if not (path / STATE_FILE).is_file():
         raise ResourceNotFoundError(f"{path} is not a checkpoint written by TransformersModel.save (no {STATE_FILE})")
     meta = read_json(path / STATE_FILE)
@@ -128,7 +128,7 @@ def resume(owner: TransformersModel, path: Path, adapter_name: str | None, datal
         dataloader.load_state(meta["dataloader"])
 
 
-def _read_optimizer_state(owner: TransformersModel, path: Path, name: str | None) -> dict[str, Any]:
+def _read_optimizer_state(owner: TrainingModel, path: Path, name: str | None) -> dict[str, Any]:
     """The saved optimizer and scheduler state, once sure there is an optimizer (and scheduler) to take it."""
     if not (path / OPTIMIZER_FILE).is_file():
         raise ResourceNotFoundError(f"{path} has no optimizer state (saved with save_optimizer=False)")

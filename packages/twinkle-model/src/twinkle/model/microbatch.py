@@ -8,20 +8,38 @@ from typing import Any
 from twinkle.errors import InvalidInputError
 
 
+def entry_count(value: Any) -> int | None:
+    """The length of a sequence-valued loss input (list, tuple, array, tensor); ``None`` for scalars and mappings.
+
+    A 0-d array or tensor is a scalar: ``len()`` of one raises ``TypeError``.
+    """
+    if isinstance(value, (str, bytes, Mapping)) or getattr(value, "ndim", None) == 0 or not hasattr(value, "__len__"):
+        return None
+    return len(value)
+
+
 def is_per_sample(value: Any, batch_size: int) -> bool:
     """Loss inputs with one entry per sample (lists, arrays, tensors of length B) are split; others shared."""
-    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__len__"):
-        return False
-    return hasattr(value, "__getitem__") and len(value) == batch_size
+    return hasattr(value, "__getitem__") and entry_count(value) == batch_size
 
 
 def check_loss_inputs(loss_inputs: Mapping[str, Any], batch_size: int) -> None:
-    """Sequence-valued loss inputs must have exactly one entry per sample."""
+    """Sequence-valued loss inputs must have exactly one entry per sample.
+
+    Arrays and tensors included: one of the wrong length would be shared by every micro-batch, and
+    silently line up with each of them when its length happens to equal the micro-batch size.
+    """
     for name, value in loss_inputs.items():
-        if isinstance(value, (list, tuple)) and len(value) != batch_size:
-            raise InvalidInputError(
-                f"loss input {name!r} has {len(value)} entries but the batch has {batch_size} samples"
-            )
+        count = entry_count(value)
+        if count is not None and count != batch_size:
+            raise InvalidInputError(f"loss input {name!r} has {count} entries but the batch has {batch_size} samples")
+
+
+def check_micro_batch_size(micro_batch_size: int | None) -> None:
+    if micro_batch_size is not None and (
+        isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1
+    ):
+        raise InvalidInputError(f"micro_batch_size must be a positive int, got {micro_batch_size!r}")
 
 
 def micro_batches(
@@ -29,12 +47,14 @@ def micro_batches(
 ) -> Iterator[tuple[Sequence[Any], dict[str, Any]]]:
     """Yield ``(features, loss_inputs)`` slices of at most ``micro_batch_size`` samples."""
     size = len(features)
+    check_micro_batch_size(micro_batch_size)
     step = size if micro_batch_size is None else micro_batch_size
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise InvalidInputError(f"micro_batch_size must be a positive int, got {micro_batch_size!r}")
     for start in range(0, size, step):
-        end = start + step
-        yield (
-            features[start:end],
-            {name: value[start:end] if is_per_sample(value, size) else value for name, value in loss_inputs.items()},
-        )
+        yield features[start : start + step], slice_loss_inputs(loss_inputs, size, start, start + step)
+
+
+def slice_loss_inputs(loss_inputs: Mapping[str, Any], batch_size: int, start: int, end: int) -> dict[str, Any]:
+    """Samples ``start:end`` of the per-sample loss inputs; shared ones (scalars, configs) as they are."""
+    return {
+        name: value[start:end] if is_per_sample(value, batch_size) else value for name, value in loss_inputs.items()
+    }

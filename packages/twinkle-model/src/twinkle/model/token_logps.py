@@ -7,7 +7,7 @@ there) and in chunks, so the ``[B, T, V]`` logits never exist at once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -68,3 +68,12 @@ def causal_token_logps(
     correct_BT = torch.zeros_like(supervised_BT).masked_scatter(supervised_BT, correct_N)
     logits_BTV = head(hidden_BTH).float() if return_logits else None
     return TokenLogpsResult(logps_BT, correct_BT, supervised_BT, logits_BTV)
+
+
+def merge_token_counts(results: Sequence[TokenLogpsResult]) -> TokenLogpsResult:
+    """Token counts of several micro-batches, for metrics (shapes may differ, so flatten)."""
+    return TokenLogpsResult(
+        torch.cat([r.logps_BT.detach().flatten() for r in results]),
+        torch.cat([r.correct_BT.flatten() for r in results]),
+        torch.cat([r.supervised_BT.flatten() for r in results]),
+    )

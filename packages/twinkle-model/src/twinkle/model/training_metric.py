@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from twinkle.interfaces import Metric
@@ -68,3 +69,14 @@ class TrainingMetric(Metric):
         for name, total in self._loss_metric_sums.items():  # namespaced: a loss may report its own "accuracy"
             result[f"loss/{name}"] = total / self._loss_metric_calls[name]
         return result
+
+
+def token_weighted_mean(parts: Sequence[tuple[Mapping[str, float], int]]) -> dict[str, float]:
+    """Combine micro-batches' loss metrics, each weighted by its number of supervised tokens."""
+    totals: dict[str, float] = {}
+    weights: dict[str, int] = {}
+    for metrics, tokens in parts:
+        for name, value in metrics.items():
+            totals[name] = totals.get(name, 0.0) + float(value) * tokens
+            weights[name] = weights.get(name, 0) + tokens
+    return {name: totals[name] / weights[name] for name in totals if weights[name]}

@@ -30,18 +30,21 @@ from twinkle.errors import ConfigurationError, InvalidInputError
 
 @dataclass
 class LoraWeights:
-    """One adapter on one linear layer: ``delta(x) = x @ A_RI.T @ B_OR.T * scaling``."""
+    """One adapter on one linear layer: ``delta(x) = dropout(x) @ A_RI.T @ B_OR.T * scaling``."""
 
     A_RI: torch.Tensor
     B_OR: torch.Tensor
     scaling: float
+    dropout: float = 0.0  # applied to the adapter's input in training mode only, as in PEFT
 
     @property
     def rank(self) -> int:
         return self.A_RI.shape[0]
 
-    def delta(self, x_NI: torch.Tensor) -> torch.Tensor:
+    def delta(self, x_NI: torch.Tensor, training: bool = False) -> torch.Tensor:
         """The low-rank update for rows ``x_NI`` (any leading shape, last dim = in_features)."""
+        if training and self.dropout > 0:
+            x_NI = nn.functional.dropout(x_NI, self.dropout, training=True)
         return (x_NI @ self.A_RI.T) @ self.B_OR.T * self.scaling
 
 
@@ -72,7 +75,9 @@ class MultiLoraLinear(nn.Module):
         self.adapters: dict[str, LoraWeights] = {}
         self.routing: RowRouting | None = None
 
-    def checked_weights(self, name: str, A_RI: torch.Tensor, B_OR: torch.Tensor, scaling: float) -> LoraWeights:
+    def checked_weights(
+        self, name: str, A_RI: torch.Tensor, B_OR: torch.Tensor, scaling: float, dropout: float = 0.0
+    ) -> LoraWeights:
         """Validate shapes and move the tensors to the base weight's device and dtype (a no-op when already there)."""
         a_ok = A_RI.dim() == 2 and A_RI.shape[1] == self.in_features
         if not a_ok or tuple(B_OR.shape) != (self.out_features, A_RI.shape[0]):
@@ -81,7 +86,7 @@ class MultiLoraLinear(nn.Module):
                 f"got A {list(A_RI.shape)} and B {list(B_OR.shape)}"
             )
         like = {"device": self.weight.device, "dtype": self.weight.dtype}
-        return LoraWeights(A_RI.to(**like), B_OR.to(**like), float(scaling))
+        return LoraWeights(A_RI.to(**like), B_OR.to(**like), float(scaling), float(dropout))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = nn.functional.linear(x, self.weight, self.bias)
@@ -98,9 +103,9 @@ class MultiLoraLinear(nn.Module):
             if lora is None:  # this adapter does not target this layer
                 continue
             if rows is None:  # every row uses this adapter: no gather needed
-                out = out + lora.delta(x)
+                out = out + lora.delta(x, self.training)
                 continue
-            out = out.index_add(0, rows, lora.delta(x.index_select(0, rows)))
+            out = out.index_add(0, rows, lora.delta(x.index_select(0, rows), self.training))
         return out
 
     def extra_repr(self) -> str:
@@ -153,11 +158,15 @@ def set_adapter_weights(
     name: str,
     tensors_by_module: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
     scaling: float | Mapping[str, float],
+    dropout: float = 0.0,
 ) -> None:
     """Install adapter ``name``: ``{module_name: (A_RI, B_OR)}``, replacing a previous adapter of that name.
 
     ``scaling`` is ``lora_alpha / r`` — one float, or one per module (ranks and
-    alphas may vary by module). Every module must already be a
+    alphas may vary by module); ``dropout`` is the adapter's input dropout
+    probability in training mode. Tensors already on the base weight's device
+    and dtype are used as they are, so a trainer's parameters get gradients.
+    Every module must already be a
     :class:`MultiLoraLinear` (see :func:`inject_multi_lora`); nothing changes if
     any entry is invalid.
     """
@@ -180,7 +189,7 @@ def set_adapter_weights(
     for module_name, (A_RI, B_OR) in tensors_by_module.items():
         module = modules[module_name]
         module_scaling = scaling[module_name] if isinstance(scaling, Mapping) else scaling
-        staged.append((module, module.checked_weights(name, A_RI, B_OR, module_scaling)))
+        staged.append((module, module.checked_weights(name, A_RI, B_OR, module_scaling, dropout)))
     remove_adapter(model, name, missing_ok=True)
     for module, lora in staged:
         module.adapters[name] = lora

@@ -5,7 +5,7 @@ arguments of a transformers forward; ``unpack`` splits per-token results
 (logits, log-probs) back into one tensor per feature, whichever the layout.
 """
 
-from twinkle.processor.batch import model_inputs, unpack
+from twinkle.processor.batch import model_inputs, select_rows, unpack
 from twinkle.processor.input_processor import InputProcessor
 
-__all__ = ["InputProcessor", "model_inputs", "unpack"]
+__all__ = ["InputProcessor", "model_inputs", "select_rows", "unpack"]

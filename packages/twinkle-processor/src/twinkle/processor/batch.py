@@ -48,3 +48,17 @@ def unpack(tensor: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> list[torc
         tokens[start : start + length]
         for start, length in zip(batch["seq_starts"].tolist(), batch["seq_lens"].tolist(), strict=True)
     ]
+
+
+def select_rows(batch: Mapping[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The padded batch made of rows ``rows`` of ``batch`` (same width), ``seq_starts`` renumbered.
+
+    A packed batch has one row holding every feature, so it cannot be split by rows.
+    """
+    num_rows, width = batch["input_ids"].shape
+    if num_rows != len(batch["seq_lens"]):
+        raise InvalidInputError("select_rows needs a padded batch (one feature per row), not a packed one")
+    selected = {name: tensor.index_select(0, rows.to(tensor.device)) for name, tensor in batch.items()}
+    offsets = selected["seq_starts"] % width
+    selected["seq_starts"] = torch.arange(len(rows), device=offsets.device) * width + offsets
+    return selected

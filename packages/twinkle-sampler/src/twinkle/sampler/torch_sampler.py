@@ -21,10 +21,10 @@ from twinkle.errors import ConfigurationError
 from twinkle.hub import resolve_model
 from twinkle.infra import DeviceMesh, remote_class
 from twinkle.module import MultiLoraLinear, adapter_names, inject_multi_lora, remove_adapter, set_adapter_weights
+from twinkle.module.lora_format import read_adapter_dir, split_lora_state_dict
 from twinkle.registry import register
 from twinkle.sampler.base import Sampler
 from twinkle.sampler.decoding import Decoder
-from twinkle.sampler.lora_format import read_adapter_dir, split_lora_state_dict
 from twinkle.sampler.results import Generation, Prompt
 from twinkle.sampler.stopping import StopCriteria
 

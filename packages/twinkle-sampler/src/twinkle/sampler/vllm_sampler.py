@@ -26,14 +26,14 @@ from twinkle.data_format import SamplingParams
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.hub import resolve_model
 from twinkle.infra import DeviceMesh, remote_class
-from twinkle.registry import register
-from twinkle.sampler.base import Sampler
-from twinkle.sampler.lora_format import (
+from twinkle.module.lora_format import (
     ADAPTER_CONFIG,
     check_lora_config,
     split_lora_state_dict,
     write_adapter_dir,
 )
+from twinkle.registry import register
+from twinkle.sampler.base import Sampler
 from twinkle.sampler.results import Completion, Generation, Prompt, TopK
 from twinkle.sampler.stopping import StopCriteria
 from twinkle.sampler.token_sampling import requested, topk_count

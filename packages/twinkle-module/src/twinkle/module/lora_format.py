@@ -1,4 +1,4 @@
-"""LoRA adapters in PEFT's format: read a saved directory and split a state dict into per-layer tensors.
+"""LoRA adapters in PEFT's format: read and write saved directories, split and join state dicts.
 
 PEFT writes ``adapter_config.json`` and ``adapter_model.safetensors`` whose keys
 look like ``base_model.model.<module>.lora_A.weight`` (the adapter name left
@@ -74,18 +74,27 @@ def split_lora_state_dict(
         if set(pair) != {"A", "B"}:
             raise ConfigurationError(f"adapter {name!r}: {module} has lora_{next(iter(pair))} but not its partner")
         rank = pair["A"].shape[0]
-        module_alpha = _pattern_value(alpha_pattern, module, alpha)
+        module_alpha = pattern_value(alpha_pattern, module, alpha)
         tensors[module] = (pair["A"], pair["B"])
         scaling[module] = module_alpha / math.sqrt(rank) if rslora else module_alpha / rank
     return tensors, scaling
 
 
-def _pattern_value(patterns: Mapping[str, Any], module: str, default: Any) -> Any:
+def pattern_value(patterns: Mapping[str, Any], module: str, default: Any) -> Any:
     """PEFT's rule: the first pattern matching a dotted suffix of the module name wins."""
     for pattern, value in patterns.items():
         if re.match(rf"(.*\.)?({pattern})$", module):
             return value
     return default
+
+
+def join_lora_state_dict(tensors_by_module: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The PEFT-format state dict of ``{module: (A_RI, B_OR)}`` (the inverse of :func:`split_lora_state_dict`)."""
+    state_dict = {}
+    for module, (A_RI, B_OR) in tensors_by_module.items():
+        state_dict[f"base_model.model.{module}.lora_A.weight"] = A_RI
+        state_dict[f"base_model.model.{module}.lora_B.weight"] = B_OR
+    return state_dict
 
 
 def read_adapter_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

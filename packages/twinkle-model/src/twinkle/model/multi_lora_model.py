@@ -1,0 +1,145 @@
+"""``MultiLoraModel``: many tenants' LoRA adapters on one frozen base model, trained together.
+
+Every adapter has its own rank, alpha, target modules and dropout, and — as in
+:class:`TransformersModel` — its own optimizer, LR scheduler, loss, template,
+processor, gradient-accumulation state and metrics. Adapters are plain
+parameters served by ``MultiLoraLinear`` layers, which compute the base
+projection once for a whole batch and each adapter's low-rank update only on
+its own rows. So :meth:`MultiLoraModel.forward_backward_many` trains several
+adapters, each with its own loss, in **one** forward and backward pass; every
+single-adapter call of the :class:`TrainingModel` API works too.
+
+Adapters can be added and removed at run time; the base model is never
+reloaded, and a removed adapter's tensors, gradients and optimizer state are
+released.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftConfig
+
+from twinkle.errors import ConfigurationError
+from twinkle.infra import remote_class
+from twinkle.model import peft_adapters
+from twinkle.model.multi_lora_adapters import MultiLoraAdapter, create_adapter
+from twinkle.model.shared_pass import AdapterRequest, AdapterResult, forward_backward_many
+from twinkle.model.train_state import TrainState
+from twinkle.model.training_model import TrainingModel
+from twinkle.module import adapter_rows, remove_adapter
+from twinkle.module.lora_format import read_adapter_dir, write_adapter_dir
+from twinkle.registry import register
+
+
+@register("model")
+@remote_class
+class MultiLoraModel(TrainingModel):
+    """Up to ``max_loras`` resident LoRA adapters of rank at most ``max_rank`` over one frozen base model.
+
+    Other arguments are :class:`TrainingModel`'s. See the module docstring.
+    """
+
+    trains_full_model = False
+
+    def __init__(self, model_id: str | None = None, max_loras: int = 8, max_rank: int = 64, **kwargs: Any) -> None:
+        for option, value in (("max_loras", max_loras), ("max_rank", max_rank)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{option} must be an int >= 1, got {value!r}")
+        super().__init__(model_id, **kwargs)
+        self.model.requires_grad_(False)  # the base is shared by every tenant: only adapters train
+        self.max_loras = max_loras
+        self.max_rank = max_rank
+        self._adapters: dict[str, MultiLoraAdapter] = {}
+
+    def add_adapter_to_model(
+        self,
+        adapter_name: str,
+        config_or_dir: PeftConfig | Mapping[str, Any] | str | Path,
+        gradient_accumulation_steps: int = 1,
+    ) -> None:
+        """Add a LoRA adapter (a ``LoraConfig``, a dict of its arguments, or a saved adapter directory)."""
+        self._check_new_adapter(adapter_name, gradient_accumulation_steps)
+        if len(self._adapters) >= self.max_loras:
+            raise ConfigurationError(
+                f"all {self.max_loras} adapter slots are in use ({sorted(self._adapters)}); remove one first"
+            )
+        directory = Path(config_or_dir) if isinstance(config_or_dir, (str, Path)) else None
+        config = (
+            peft_adapters.read_adapter_config(directory) if directory else peft_adapters.as_peft_config(config_or_dir)
+        )
+        adapter = create_adapter(self.model, adapter_name, config, self.max_rank)
+        try:
+            if directory:
+                adapter.load_state_dict(adapter_name, read_adapter_dir(directory)[1])
+        except Exception:
+            remove_adapter(self.model, adapter_name)
+            raise
+        self._adapters[adapter_name] = adapter
+        self._states[adapter_name] = self._new_state(adapter_name, adapter.parameters(), gradient_accumulation_steps)
+
+    def remove_adapter(self, adapter_name: str) -> None:
+        """Drop an adapter with its optimizer, scheduler and gradients; its saved checkpoints stay loadable."""
+        self._state(adapter_name)  # a clear error for an unknown name
+        remove_adapter(self.model, adapter_name)
+        del self._adapters[adapter_name], self._states[adapter_name]
+        gc.collect()  # optimizer state and autograd graphs can hold reference cycles
+
+    def adapter_config(self, adapter_name: str) -> LoraConfig:
+        self._state(adapter_name)
+        return self._adapters[adapter_name].config
+
+    def forward_backward_many(
+        self, requests: Sequence[AdapterRequest | Mapping[str, Any]], micro_batch_size: int | None = None
+    ) -> list[AdapterResult]:
+        """One forward and backward over several adapters' batches, each with its own loss and loss inputs.
+
+        Each request is an :class:`AdapterRequest` (or a dict of its fields).
+        Returns one :class:`AdapterResult` per request, in order: the request's
+        ``ModelOutput`` as ``forward_backward`` would return it, or the error
+        that stopped it. A failing request (bad input, an exception in its
+        loss, a non-finite loss) leaves its adapter exactly as it was and does
+        not change any other adapter's result.
+        """
+        return forward_backward_many(self, requests, micro_batch_size)
+
+    # ------------------------------------------------------------------ weight sync (CheckpointEngineManager)
+
+    def lora_payload(self, adapter_name: str) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
+        """The adapter's config and PEFT-format tensors (views of the trained parameters)."""
+        self._state(adapter_name)
+        adapter = self._adapters[adapter_name]
+        return adapter.config, adapter.state_dict()
+
+    def merged_weights(self, adapter_name: str | None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every base weight under its own name, with the adapter merged in (``W + scaling·B·A``), one at a time."""
+        adapter = self._adapters[self._state(adapter_name).name]
+        seen: set[int] = set()
+        with torch.no_grad():
+            for key, tensor in self.model.state_dict().items():
+                if tensor.data_ptr() in seen:  # tied weights go once
+                    continue
+                seen.add(tensor.data_ptr())
+                module = key.removesuffix(".weight")
+                if key.endswith(".weight") and module in adapter.weights:
+                    A_RI, B_OR = adapter.weights[module]
+                    yield key, tensor + adapter.scaling[module] * (B_OR @ A_RI)
+                else:
+                    yield key, tensor
+
+    # ------------------------------------------------------------------ back-end hooks
+
+    def _adapter_scope(self, state: TrainState, batch_size: int) -> Any:
+        return adapter_rows(self.model, [state.name] * batch_size)
+
+    def _write_adapter(self, state: TrainState, directory: Path) -> None:
+        adapter = self._adapters[state.name]
+        adapter.config.base_model_name_or_path = self.model_path
+        write_adapter_dir(directory, adapter.config, adapter.state_dict())
+
+    def _load_adapter_weights(self, adapter_name: str, directory: Path) -> None:
+        self._adapters[adapter_name].load_state_dict(adapter_name, read_adapter_dir(directory)[1])

@@ -1,0 +1,481 @@
+"""``TrainingModel``: the semantic training API over a Hugging Face causal LM, for any adapter back-end.
+
+Every public method is usable on its own, so a training loop reads like plain
+PyTorch (``forward`` → ``calculate_loss`` → ``backward`` → ``step``) or uses
+the fused calls (``forward_backward``, ``clip_grad_and_step``). Each LoRA
+adapter — or the full model when there is none — owns its optimizer, LR
+scheduler, loss, processor, template, metrics and counters (:class:`TrainState`).
+
+Subclasses decide how adapters live in the model: :class:`TransformersModel`
+through PEFT, :class:`MultiLoraModel` as per-row multi-adapter layers. They
+implement :meth:`TrainingModel.add_adapter_to_model` and the three hooks
+``_adapter_scope``, ``_write_adapter`` and ``_load_adapter_weights``.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from peft import PeftConfig
+from transformers import AutoModelForCausalLM
+
+from twinkle.data_format import LossOutput, ModelOutput
+from twinkle.errors import ConfigurationError, InvalidInputError
+from twinkle.hub import resolve_model
+from twinkle.infra import DeviceMesh
+from twinkle.model import checkpointing
+from twinkle.model.batching import BatchPreparer, GradGuard
+from twinkle.model.microbatch import check_loss_inputs, micro_batches
+from twinkle.model.token_logps import TokenLogpsResult, causal_token_logps, merge_token_counts
+from twinkle.model.train_state import FULL_MODEL, TrainState
+from twinkle.model.training_metric import TrainingMetric, token_weighted_mean
+from twinkle.module import build_optimizer
+from twinkle.processor import unpack
+from twinkle.registry import build
+from twinkle.utils import get_logger
+
+logger = get_logger(__name__)
+
+MixedPrecision = Literal["no", "bf16", "fp16"]
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class TrainingModel(ABC):
+    """A transformers causal LM trained through semantic calls; see the module docstring.
+
+    ``model_id`` is anything :func:`twinkle.hub.resolve_model` accepts (default:
+    the embedded ``builtin://qwen3-tiny``). Weights stay in ``dtype`` (float32 by
+    default); ``mixed_precision`` runs the forward under autocast.
+    """
+
+    trains_full_model = True  # without adapters, every weight trains
+
+    def __init__(
+        self,
+        model_id: str | None = None,
+        device_mesh: DeviceMesh | None = None,
+        mixed_precision: MixedPrecision = "no",
+        device: str | torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+        attn_implementation: str = "sdpa",
+        logps_chunk_size: int = 4096,
+        **from_pretrained_kwargs: Any,
+    ) -> None:
+        if mixed_precision not in ("no", *_AUTOCAST_DTYPES):
+            raise ConfigurationError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {mixed_precision!r}")
+        self.model_path = resolve_model(model_id)
+        self.device_mesh = device_mesh
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.mixed_precision = mixed_precision
+        self.logps_chunk_size = logps_chunk_size
+        self.model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=dtype, attn_implementation=attn_implementation, **from_pretrained_kwargs
+        ).to(self.device)
+        self.model.train()
+        config = self.model.config
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        self.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
+        self._states: dict[str, TrainState] = {}
+        self._batches = BatchPreparer(self.vocab_size)
+
+    # ------------------------------------------------------------------ adapters and components
+
+    @property
+    def adapter_names(self) -> list[str]:
+        return [name for name in self._states if name != FULL_MODEL]
+
+    @abstractmethod
+    def add_adapter_to_model(
+        self,
+        adapter_name: str,
+        config_or_dir: PeftConfig | Mapping[str, Any] | str | Path,
+        gradient_accumulation_steps: int = 1,
+    ) -> None:
+        """Add a LoRA adapter (a ``LoraConfig``, a dict of its arguments, or a saved adapter directory)."""
+
+    def _check_new_adapter(self, adapter_name: str, gradient_accumulation_steps: int) -> None:
+        """Reject a bad name or accumulation count, a taken name, or a model already training all weights."""
+        if not isinstance(adapter_name, str) or not adapter_name or "." in adapter_name:
+            raise ConfigurationError(f"adapter_name must be a non-empty string without dots, got {adapter_name!r}")
+        if adapter_name in self._states:
+            raise ConfigurationError(f"adapter {adapter_name!r} already exists; pick another name")
+        full_model = self._states.get(FULL_MODEL)
+        if full_model is not None and full_model.in_use:
+            raise ConfigurationError(
+                "this model is set up for full-parameter training (components set or gradients taken); "
+                "add adapters before anything else"
+            )
+        if (
+            isinstance(gradient_accumulation_steps, bool)
+            or not isinstance(gradient_accumulation_steps, int)
+            or (gradient_accumulation_steps < 1)
+        ):
+            raise ConfigurationError(
+                f"gradient_accumulation_steps must be an int >= 1, got {gradient_accumulation_steps!r}"
+            )
+
+    def set_optimizer(self, optimizer_cls: Any = "AdamW", adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Create the optimizer (a ``torch.optim`` name or class, or ``'default'``) over this adapter's weights."""
+        state = self._state(adapter_name)
+        state.optimizer = build_optimizer(optimizer_cls, state.params, **kwargs)
+        state.lr_scheduler = None  # a scheduler is bound to the optimizer it was built for
+
+    def set_lr_scheduler(self, scheduler_cls: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Create an LR scheduler (registered name or class) for this adapter's optimizer."""
+        if isinstance(scheduler_cls, torch.optim.lr_scheduler.LRScheduler):
+            raise ConfigurationError(
+                "pass an LR scheduler class or name, not an instance: it must be built on this adapter's optimizer"
+            )
+        state = self._state(adapter_name)
+        state.lr_scheduler = build("lr_scheduler", scheduler_cls, optimizer=state.require_optimizer(), **kwargs)
+
+    def set_loss(self, loss: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Use ``loss`` (instance, class or registered name such as ``'CrossEntropyLoss'``)."""
+        self._configured(adapter_name).loss = build("loss", loss, **kwargs)
+
+    def set_processor(self, processor: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Use ``processor`` to collate features; its pad id is set to the model's."""
+        processor = build("processor", processor, **kwargs)
+        if hasattr(processor, "pad_token_id"):
+            processor.pad_token_id = self.pad_token_id
+        self._configured(adapter_name).processor = processor
+
+    def set_template(self, template: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Use ``template`` to encode trajectories passed as inputs (``model_id`` defaults to this model's)."""
+        if isinstance(template, (str, type)):
+            kwargs.setdefault("model_id", self.model_path)
+        self._configured(adapter_name).template = build("template", template, **kwargs)
+
+    def add_metric(self, metric: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Also report ``metric`` (a ``twinkle.interfaces.Metric``) from ``calculate_metric``."""
+        metric = build("metric", metric, **kwargs)
+        self._configured(adapter_name).metrics.append(metric)
+
+    # ------------------------------------------------------------------ steps
+
+    def forward(self, inputs: Any, adapter_name: str | None = None) -> ModelOutput:
+        """Forward with autograd; ``calculate_loss`` and ``backward`` continue from it."""
+        state = self._state(adapter_name)
+        batch = self._batches.prepare(state, inputs)
+        start = time.perf_counter()
+        result = self._run(state, batch)
+        output = self._model_output(batch, result, detach=False)
+        state.pending = (batch, result, output, None, time.perf_counter() - start)
+        return output
+
+    def calculate_loss(self, adapter_name: str | None = None, **loss_inputs: Any) -> LossOutput:
+        """The loss of the last ``forward`` (kept for ``backward``)."""
+        state = self._state(adapter_name)
+        if state.pending is None:
+            raise InvalidInputError("calculate_loss needs a preceding forward(...) call")
+        batch, result, output, _, seconds = state.pending
+        check_loss_inputs(loss_inputs, len(batch["seq_lens"]))
+        loss_output = self._compute_loss(state, batch, output, None, loss_inputs)
+        state.pending = (batch, result, output, loss_output, seconds)
+        return loss_output
+
+    def backward(self, adapter_name: str | None = None) -> None:
+        """Back-propagate the loss from ``calculate_loss`` (scaled by 1/gradient_accumulation_steps)."""
+        state = self._state(adapter_name)
+        if state.pending is None or state.pending[3] is None:
+            raise InvalidInputError("backward needs forward(...) and calculate_loss(...) first")
+        batch, result, _, loss_output, seconds = state.pending
+        state.pending = None
+        start = time.perf_counter()
+        (loss_output.loss / state.gradient_accumulation_steps).backward()
+        state.accumulated += 1
+        self._record(
+            state.train_metric, batch, result, float(loss_output.loss.detach()), seconds + time.perf_counter() - start
+        )
+
+    def forward_backward(
+        self,
+        inputs: Any,
+        micro_batch_size: int | None = None,
+        adapter_name: str | None = None,
+        **loss_inputs: Any,
+    ) -> ModelOutput:
+        """Forward, loss and backward over ``inputs`` in micro-batches, accumulating gradients.
+
+        The whole batch is validated first and the loss is normalised over the
+        whole batch, so the gradients equal one big-batch step; on any error the
+        gradients are left exactly as they were before the call.
+        """
+        state = self._state(adapter_name)
+        features = self._batches.features(state, inputs)
+        check_loss_inputs(loss_inputs, len(features))
+        full_batch = self._batches.collate(state, features)
+        normalizer = state.loss.normalizer(full_batch)
+        start = time.perf_counter()
+        total_loss, logps, results, loss_metrics = 0.0, [], [], []
+        with self._grads_restored_on_error(state):
+            for part, part_inputs in micro_batches(features, loss_inputs, micro_batch_size):
+                batch = full_batch if len(part) == len(features) else self._batches.collate(state, part)
+                result = self._run(state, batch)
+                output = self._model_output(batch, result, detach=False)
+                weight = None if normalizer is not None else len(part) / len(features)
+                loss_output = self._compute_loss(state, batch, output, normalizer, part_inputs, weight)
+                (loss_output.loss / state.gradient_accumulation_steps).backward()
+                total_loss += float(loss_output.loss.detach())
+                logps.extend(t.detach().cpu() for t in unpack(result.logps_BT, batch))
+                results.append(result)
+                loss_metrics.append((loss_output.metrics, int(result.supervised_BT.sum())))
+        state.accumulated += 1
+        metrics = token_weighted_mean(loss_metrics)
+        elapsed = time.perf_counter() - start
+        self._record(state.train_metric, full_batch, merge_token_counts(results), total_loss, elapsed, metrics)
+        supervised = sum(int(r.supervised_BT.sum()) for r in results)
+        return ModelOutput(loss=total_loss, logps=logps, num_tokens=supervised, metrics=metrics)
+
+    def forward_only(
+        self, inputs: Any, adapter_name: str | None = None, return_logits: bool = False, **loss_inputs: Any
+    ) -> ModelOutput:
+        """Forward without gradients (eval mode): per-sample ``logps``, and the loss when it can be computed.
+
+        The loss is computed when labels exist and every input the loss requires
+        (``Loss.required_inputs``, e.g. ``advantages``) is given, so reading
+        log-probabilities never needs loss inputs. ``return_logits`` also returns
+        each sample's ``[T, V]`` float32 logits (large: use for checks).
+        """
+        state = self._state(adapter_name)
+        batch = self._batches.prepare(state, inputs)
+        start = time.perf_counter()
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                result = self._run(state, batch, return_logits)
+                output = self._model_output(batch, result, detach=True)
+                required = getattr(state.loss, "required_inputs", ())
+                if bool(result.supervised_BT.any()) and all(name in loss_inputs for name in required):
+                    loss_output = self._compute_loss(state, batch, output, None, loss_inputs)
+                    output.loss, output.metrics = float(loss_output.loss), dict(loss_output.metrics)
+        finally:
+            self.model.train()
+        self._record(state.eval_metric, batch, result, output.loss, time.perf_counter() - start, output.metrics)
+        output.logps = [t.cpu() for t in unpack(result.logps_BT, batch)]
+        if return_logits:
+            output.logits = [t.cpu() for t in unpack(result.logits_BTV, batch)]
+        return output
+
+    def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
+        """Clip this adapter's gradients to ``max_grad_norm`` (L2); returns the norm before clipping."""
+        state = self._state(adapter_name)
+        norm = float(torch.nn.utils.clip_grad_norm_(state.params, max_grad_norm))
+        state.train_metric.accumulate(grad_norm=norm)
+        return norm
+
+    def step(self, adapter_name: str | None = None) -> None:
+        """One optimizer step on the accumulated gradients."""
+        state = self._state(adapter_name)
+        state.require_optimizer().step()
+        state.global_step += 1
+        state.accumulated = 0
+
+    def zero_grad(self, adapter_name: str | None = None) -> None:
+        """Drop this adapter's gradients (other adapters keep theirs)."""
+        state = self._state(adapter_name)
+        for param in state.params:
+            param.grad = None
+        state.accumulated = 0  # the dropped gradients no longer count towards gradient_accumulation_steps
+
+    def lr_step(self, adapter_name: str | None = None) -> None:
+        """Advance the LR scheduler, if one is set."""
+        state = self._state(adapter_name)
+        if state.lr_scheduler is not None:
+            state.lr_scheduler.step()
+
+    def clip_grad_and_step(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> dict[str, Any]:
+        """Clip, step, zero and advance the schedule once ``gradient_accumulation_steps`` calls have accumulated."""
+        state = self._state(adapter_name)
+        state.require_optimizer()
+        if state.accumulated < state.gradient_accumulation_steps:
+            return {"stepped": False, "accumulated": state.accumulated}
+        grad_norm = self.clip_grad_norm(max_grad_norm, adapter_name=state.name if state.is_adapter else None)
+        self.step(state.name if state.is_adapter else None)
+        self.zero_grad(state.name if state.is_adapter else None)
+        self.lr_step(state.name if state.is_adapter else None)
+        return {"stepped": True, "grad_norm": grad_norm, "lr": state.current_lr(), "global_step": state.global_step}
+
+    def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
+        """Metrics since the previous call (then reset): loss, accuracy, grad_norm, lr, tokens/s, user metrics."""
+        state = self._state(adapter_name)
+        metric = state.train_metric if is_training else state.eval_metric
+        metric.accumulate(lr=state.current_lr())
+        result = {**metric.calculate(), "global_step": float(state.global_step)}
+        metric.reset()
+        for user_metric in state.metrics:
+            result.update(user_metric.calculate())
+            user_metric.reset()
+        return result
+
+    def generate(
+        self, input_ids: Sequence[int], max_new_tokens: int = 64, adapter_name: str | None = None
+    ) -> list[int]:
+        """Greedy continuation of one prompt with this adapter: a quick check of what training did.
+
+        Batched sampling with temperatures, log-probs and per-row adapters is the sampler's job.
+        """
+        state = self._state(adapter_name)
+        feature = self._batches.features(state, [{"input_ids": list(input_ids)}])[0]
+        self.model.eval()
+        try:
+            with torch.no_grad(), self._adapter_scope(state, batch_size=1):
+                prompt = torch.tensor([feature["input_ids"]], device=self.device)
+                output = self.model.generate(
+                    input_ids=prompt,
+                    attention_mask=torch.ones_like(prompt),
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=self.pad_token_id,
+                )
+        finally:
+            self.model.train()
+        return output[0, prompt.shape[1] :].tolist()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(
+        self,
+        name: str,
+        output_dir: str | Path | None = None,
+        save_optimizer: bool = True,
+        adapter_name: str | None = None,
+        dataloader: Any = None,
+    ) -> str:
+        """Write a checkpoint directory ``output_dir/name`` atomically; returns its path.
+
+        LoRA adapters are saved in PEFT format, the full model as a transformers
+        directory. ``save_optimizer`` adds optimizer and scheduler state; a
+        ``dataloader`` (anything with ``get_state()``) records its position.
+        """
+        return str(checkpointing.save(self, self._state(adapter_name), name, output_dir, save_optimizer, dataloader))
+
+    def load(self, path: str | Path, adapter_name: str | None = None, load_optimizer: bool = False) -> None:
+        """Load weights (and optionally optimizer state) saved by :meth:`save`; adds the adapter if missing."""
+        checkpointing.load_weights(self, Path(path), adapter_name, load_optimizer)
+
+    def resume_from_checkpoint(self, path: str | Path, adapter_name: str | None = None, dataloader: Any = None) -> None:
+        """Restore weights, optimizer, scheduler, step counters, RNG and (given one) the dataloader position."""
+        checkpointing.resume(self, Path(path), adapter_name, dataloader)
+
+    # ------------------------------------------------------------------ back-end hooks
+
+    @abstractmethod
+    def _adapter_scope(self, state: TrainState, batch_size: int) -> AbstractContextManager[Any]:
+        """Within the block, forwards of ``batch_size`` rows use ``state``'s adapter (none for the full model)."""
+
+    @abstractmethod
+    def _write_adapter(self, state: TrainState, directory: Path) -> None:
+        """Write the adapter's config and weights in PEFT's format into ``directory``."""
+
+    @abstractmethod
+    def _load_adapter_weights(self, adapter_name: str, directory: Path) -> None:
+        """Load weights written by :meth:`_write_adapter` (or by PEFT) into the existing adapter."""
+
+    # ------------------------------------------------------------------ internals
+
+    def _drop_unused_full_model_state(self) -> None:
+        """Only evaluated (or a call failed) without adapters so far: the adapters replace that state."""
+        self._states.pop(FULL_MODEL, None)
+
+    def _new_state(self, name: str, params: list[torch.nn.Parameter], gradient_accumulation_steps: int) -> TrainState:
+        processor = build("processor", "InputProcessor")
+        processor.pad_token_id = self.pad_token_id
+        return TrainState(
+            name=name,
+            params=params,
+            loss=build("loss", "CrossEntropyLoss"),
+            processor=processor,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+        )
+
+    def _state(self, adapter_name: str | None) -> TrainState:
+        if adapter_name is not None:
+            if adapter_name not in self._states:
+                raise ConfigurationError(f"unknown adapter {adapter_name!r}; adapters: {self.adapter_names}")
+            return self._states[adapter_name]
+        if not self._states:
+            if not self.trains_full_model:
+                raise ConfigurationError(
+                    f"{type(self).__name__} trains LoRA adapters only: call add_adapter_to_model(...) first"
+                )
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            self._states[FULL_MODEL] = self._new_state(FULL_MODEL, params, 1)
+        if len(self._states) == 1:
+            return next(iter(self._states.values()))
+        raise ConfigurationError(f"this model has several adapters {self.adapter_names}: pass adapter_name=")
+
+    def _configured(self, adapter_name: str | None) -> TrainState:
+        """The state a ``set_*`` call configures, marked so (call it once the new component is built)."""
+        state = self._state(adapter_name)
+        state.configured = True
+        return state
+
+    def _run(
+        self, state: TrainState, batch: Mapping[str, torch.Tensor], return_logits: bool = False
+    ) -> TokenLogpsResult:
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        with self._autocast(), self._adapter_scope(state, batch_size=batch["input_ids"].shape[0]):
+            return causal_token_logps(self.model, batch, self.logps_chunk_size, return_logits)
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(
+            self.device.type, dtype=_AUTOCAST_DTYPES.get(self.mixed_precision), enabled=self.mixed_precision != "no"
+        )
+
+    @staticmethod
+    def _model_output(batch: Mapping[str, torch.Tensor], result: TokenLogpsResult, detach: bool) -> ModelOutput:
+        logps = result.logps_BT.detach() if detach else result.logps_BT
+        return ModelOutput(logps=logps, num_tokens=int(result.supervised_BT.sum()))
+
+    def _compute_loss(
+        self,
+        state: TrainState,
+        batch: Mapping[str, torch.Tensor],
+        output: ModelOutput,
+        normalizer: float | None,
+        loss_inputs: Mapping[str, Any],
+        weight: float | None = None,
+    ) -> LossOutput:
+        device_batch = {k: v.to(self.device) for k, v in batch.items()}
+        kwargs = dict(loss_inputs) if normalizer is None else {**loss_inputs, "normalizer": normalizer}
+        loss_output = state.loss(device_batch, output, **kwargs)
+        if not torch.is_tensor(loss_output.loss) or loss_output.loss.dim() != 0:
+            raise InvalidInputError(f"loss {type(state.loss).__name__} must return a scalar tensor")
+        if not torch.isfinite(loss_output.loss):
+            raise InvalidInputError(
+                f"loss {type(state.loss).__name__} is not finite ({float(loss_output.loss.detach())})"
+            )
+        if weight is not None:
+            loss_output.loss = loss_output.loss * weight
+        return loss_output
+
+    @staticmethod
+    def _record(
+        metric: TrainingMetric,
+        batch: Mapping[str, torch.Tensor],
+        result: TokenLogpsResult,
+        loss: float | None,
+        seconds: float,
+        loss_metrics: Mapping[str, float] | None = None,
+    ) -> None:
+        values: dict[str, Any] = {
+            "correct_tokens": int(result.correct_BT.sum()),
+            "supervised_tokens": int(result.supervised_BT.sum()),
+            "tokens": int(batch["seq_lens"].sum()),
+            "seconds": seconds,
+            "loss_metrics": loss_metrics,
+        }
+        if loss is not None:
+            values["loss"] = loss
+        metric.accumulate(**values)
+
+    @staticmethod
+    def _grads_restored_on_error(state: TrainState) -> GradGuard:
+        return GradGuard(state.params)
