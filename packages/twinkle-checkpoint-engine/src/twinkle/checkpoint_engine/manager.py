@@ -11,7 +11,7 @@ sampler copies them onto its own device — with no serialisation.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -41,9 +41,21 @@ class WeightReceiver(Protocol):
     def reset_prefix_cache(self) -> None: ...
 
 
+@runtime_checkable
+class WeightSource(Protocol):
+    """A trainer that hands out its own weights (``twinkle.model.MultiLoraModel`` does).
+
+    Trainers without these methods are read through PEFT (``model.model``, a ``PeftModel``).
+    """
+
+    def lora_payload(self, adapter_name: str) -> tuple[Any, Mapping[str, torch.Tensor]]: ...
+
+    def merged_weights(self, adapter_name: str | None) -> Iterable[tuple[str, torch.Tensor]]: ...
+
+
 @register("checkpoint_engine")
 class CheckpointEngineManager:
-    """Syncs ``model`` (a ``TransformersModel``: ``.model`` and ``.adapter_names``) into ``sampler``.
+    """Syncs ``model`` (a ``TransformersModel`` or a :class:`WeightSource` with ``.adapter_names``) into ``sampler``.
 
     ``adapter_name`` defaults to the model's only adapter; the sampler serves
     it under the same name, so sample with ``adapter_name=<that name>`` after
@@ -63,10 +75,12 @@ class CheckpointEngineManager:
 
     def sync_weights(self, merge_and_sync: bool = False) -> None:
         """Push the trainer's current weights into the sampler (see the module docstring)."""
-        module = self.model.model
+        source = self.model if isinstance(self.model, WeightSource) else None
         if merge_and_sync:
             self._require("load_base_weights", "merged weights")
-            count = self.sampler.load_base_weights(merged_weights(module, self.adapter_name))
+            name = self.adapter_name
+            weights = source.merged_weights(name) if source else merged_weights(self.model.model, name)
+            count = self.sampler.load_base_weights(weights)
             self.sampler.reset_prefix_cache()
             logger.debug("synced %d merged base weights", count)
             return
@@ -75,7 +89,9 @@ class CheckpointEngineManager:
                 "the model has no LoRA adapter to sync; use sync_weights(merge_and_sync=True) to push all weights"
             )
         self._require("add_adapter", "LoRA adapters")
-        config, tensors = lora_payload(module, self.adapter_name)
+        config, tensors = (
+            source.lora_payload(self.adapter_name) if source else lora_payload(self.model.model, self.adapter_name)
+        )
         self.sampler.add_adapter(self.adapter_name, config, tensors)
         logger.debug("synced adapter %r: %d tensors", self.adapter_name, len(tensors))
 
