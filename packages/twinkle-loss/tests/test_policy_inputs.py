@@ -1,5 +1,6 @@
 """Policy losses: what they accept, what they refuse (with messages naming the input), and how they resolve by name."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -85,6 +86,15 @@ def test_bad_old_logps_name_the_sample(data):
         PPOLoss()(inputs, outputs, advantages=[0.0] * 4, old_logps=old)
     with pytest.raises(InvalidInputError, match=r"old_logps\[0\] has 3 values, but sample 0 has 4 supervised tokens"):
         PPOLoss()(inputs, outputs, advantages=[0.0] * 4, old_logps=[s.old[:3] for s in data.samples])
+
+
+@pytest.mark.parametrize("scalar", [torch.tensor(0.5), np.array(0.5)], ids=["tensor", "ndarray"])
+def test_a_0d_array_of_advantages_is_not_one_per_sample(data, scalar):
+    inputs, outputs = data.batch()
+    with pytest.raises(
+        InvalidInputError, match=rf"advantages must have one entry per sample \(4\), got a 0-d {type(scalar).__name__}"
+    ):
+        GRPOLoss()(inputs, outputs, advantages=scalar)
 
 
 @pytest.mark.parametrize(

@@ -120,6 +120,8 @@ def per_sequence(
 
 def sample_entries(values: Any, count: int, name: str) -> list[torch.Tensor]:
     """``values`` as ``count`` finite float64 tensors, each a scalar or a 1-D list."""
+    if getattr(values, "ndim", None) == 0:  # a 0-d array or tensor, whose len() raises TypeError
+        raise InvalidInputError(f"{name} must have one entry per sample ({count}), got a 0-d {type(values).__name__}")
     if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__len__"):
         raise InvalidInputError(f"{name} must have one entry per sample ({count}), got {type(values).__name__}")
     if len(values) != count:

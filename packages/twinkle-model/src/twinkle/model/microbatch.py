@@ -1,11 +1,15 @@
-"""Splitting one call's samples (and their per-sample loss inputs) into micro-batches."""
+"""Splitting one call's samples (and their per-sample loss inputs) into micro-batches, and calling the loss."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import torch
+
+from twinkle.data_format import LossOutput, ModelOutput
 from twinkle.errors import InvalidInputError
+from twinkle.interfaces import Loss
 
 
 def entry_count(value: Any) -> int | None:
@@ -58,3 +62,24 @@ def slice_loss_inputs(loss_inputs: Mapping[str, Any], batch_size: int, start: in
     return {
         name: value[start:end] if is_per_sample(value, batch_size) else value for name, value in loss_inputs.items()
     }
+
+
+def checked_loss(
+    loss_fn: Loss,
+    batch: Mapping[str, torch.Tensor],
+    output: ModelOutput,
+    normalizer: float | None,
+    loss_inputs: Mapping[str, Any],
+    weight: float | None = None,
+) -> LossOutput:
+    """``loss_fn`` on one (micro-)batch: a finite scalar, scaled by ``weight`` when there is no normaliser."""
+    kwargs = dict(loss_inputs) if normalizer is None else {**loss_inputs, "normalizer": normalizer}
+    loss_output = loss_fn(batch, output, **kwargs)
+    name = type(loss_fn).__name__
+    if not torch.is_tensor(loss_output.loss) or loss_output.loss.dim() != 0:
+        raise InvalidInputError(f"loss {name} must return a scalar tensor")
+    if not torch.isfinite(loss_output.loss):
+        raise InvalidInputError(f"loss {name} is not finite ({float(loss_output.loss.detach())})")
+    if weight is not None:
+        loss_output.loss = loss_output.loss * weight
+    return loss_output

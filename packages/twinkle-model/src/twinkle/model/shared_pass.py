@@ -195,6 +195,6 @@ def _finish(owner: MultiLoraModel, plan: _Plan, elapsed: float, total_tokens: in
     metrics = token_weighted_mean(plan.loss_metrics)
     counts = merge_token_counts(plan.counts)
     share = int(seq_lens.sum()) / total_tokens  # each request is charged its share of the pass's time
-    owner._record(state.train_metric, {"seq_lens": seq_lens}, counts, plan.loss, elapsed * share, metrics)
+    state.train_metric.record_step({"seq_lens": seq_lens}, counts, plan.loss, elapsed * share, metrics)
     supervised = int(counts.supervised_BT.sum())
     plan.result.output = ModelOutput(loss=plan.loss, logps=plan.logps, num_tokens=supervised, metrics=metrics)

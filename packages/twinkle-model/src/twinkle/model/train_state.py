@@ -58,3 +58,8 @@ class TrainState:
             "accumulated": self.accumulated,
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
         }
+
+
+def check_gradient_accumulation_steps(steps: int) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigurationError(f"gradient_accumulation_steps must be an int >= 1, got {steps!r}")

@@ -31,10 +31,10 @@ from twinkle.hub import resolve_model
 from twinkle.infra import DeviceMesh
 from twinkle.model import checkpointing
 from twinkle.model.batching import BatchPreparer, GradGuard
-from twinkle.model.microbatch import check_loss_inputs, micro_batches
+from twinkle.model.microbatch import check_loss_inputs, checked_loss, micro_batches
 from twinkle.model.token_logps import TokenLogpsResult, causal_token_logps, merge_token_counts
-from twinkle.model.train_state import FULL_MODEL, TrainState
-from twinkle.model.training_metric import TrainingMetric, token_weighted_mean
+from twinkle.model.train_state import FULL_MODEL, TrainState, check_gradient_accumulation_steps
+from twinkle.model.training_metric import token_weighted_mean
 from twinkle.module import build_optimizer
 from twinkle.processor import unpack
 from twinkle.registry import build
@@ -111,14 +111,7 @@ class TrainingModel(ABC):
                 "this model is set up for full-parameter training (components set or gradients taken); "
                 "add adapters before anything else"
             )
-        if (
-            isinstance(gradient_accumulation_steps, bool)
-            or not isinstance(gradient_accumulation_steps, int)
-            or (gradient_accumulation_steps < 1)
-        ):
-            raise ConfigurationError(
-                f"gradient_accumulation_steps must be an int >= 1, got {gradient_accumulation_steps!r}"
-            )
+        check_gradient_accumulation_steps(gradient_accumulation_steps)
 
     def set_optimizer(self, optimizer_cls: Any = "AdamW", adapter_name: str | None = None, **kwargs: Any) -> None:
         """Create the optimizer (a ``torch.optim`` name or class, or ``'default'``) over this adapter's weights."""
@@ -190,8 +183,8 @@ class TrainingModel(ABC):
         start = time.perf_counter()
         (loss_output.loss / state.gradient_accumulation_steps).backward()
         state.accumulated += 1
-        self._record(
-            state.train_metric, batch, result, float(loss_output.loss.detach()), seconds + time.perf_counter() - start
+        state.train_metric.record_step(
+            batch, result, float(loss_output.loss.detach()), seconds + time.perf_counter() - start
         )
 
     def forward_backward(
@@ -214,7 +207,7 @@ class TrainingModel(ABC):
         normalizer = state.loss.normalizer(full_batch)
         start = time.perf_counter()
         total_loss, logps, results, loss_metrics = 0.0, [], [], []
-        with self._grads_restored_on_error(state):
+        with GradGuard(state.params):
             for part, part_inputs in micro_batches(features, loss_inputs, micro_batch_size):
                 batch = full_batch if len(part) == len(features) else self._batches.collate(state, part)
                 result = self._run(state, batch)
@@ -229,7 +222,7 @@ class TrainingModel(ABC):
         state.accumulated += 1
         metrics = token_weighted_mean(loss_metrics)
         elapsed = time.perf_counter() - start
-        self._record(state.train_metric, full_batch, merge_token_counts(results), total_loss, elapsed, metrics)
+        state.train_metric.record_step(full_batch, merge_token_counts(results), total_loss, elapsed, metrics)
         supervised = sum(int(r.supervised_BT.sum()) for r in results)
         return ModelOutput(loss=total_loss, logps=logps, num_tokens=supervised, metrics=metrics)
 
@@ -257,7 +250,7 @@ class TrainingModel(ABC):
                     output.loss, output.metrics = float(loss_output.loss), dict(loss_output.metrics)
         finally:
             self.model.train()
-        self._record(state.eval_metric, batch, result, output.loss, time.perf_counter() - start, output.metrics)
+        state.eval_metric.record_step(batch, result, output.loss, time.perf_counter() - start, output.metrics)
         output.logps = [t.cpu() for t in unpack(result.logps_BT, batch)]
         if return_logits:
             output.logits = [t.cpu() for t in unpack(result.logits_BTV, batch)]
@@ -444,38 +437,4 @@ class TrainingModel(ABC):
         weight: float | None = None,
     ) -> LossOutput:
         device_batch = {k: v.to(self.device) for k, v in batch.items()}
-        kwargs = dict(loss_inputs) if normalizer is None else {**loss_inputs, "normalizer": normalizer}
-        loss_output = state.loss(device_batch, output, **kwargs)
-        if not torch.is_tensor(loss_output.loss) or loss_output.loss.dim() != 0:
-            raise InvalidInputError(f"loss {type(state.loss).__name__} must return a scalar tensor")
-        if not torch.isfinite(loss_output.loss):
-            raise InvalidInputError(
-                f"loss {type(state.loss).__name__} is not finite ({float(loss_output.loss.detach())})"
-            )
-        if weight is not None:
-            loss_output.loss = loss_output.loss * weight
-        return loss_output
-
-    @staticmethod
-    def _record(
-        metric: TrainingMetric,
-        batch: Mapping[str, torch.Tensor],
-        result: TokenLogpsResult,
-        loss: float | None,
-        seconds: float,
-        loss_metrics: Mapping[str, float] | None = None,
-    ) -> None:
-        values: dict[str, Any] = {
-            "correct_tokens": int(result.correct_BT.sum()),
-            "supervised_tokens": int(result.supervised_BT.sum()),
-            "tokens": int(batch["seq_lens"].sum()),
-            "seconds": seconds,
-            "loss_metrics": loss_metrics,
-        }
-        if loss is not None:
-            values["loss"] = loss
-        metric.accumulate(**values)
-
-    @staticmethod
-    def _grads_restored_on_error(state: TrainState) -> GradGuard:
-        return GradGuard(state.params)
+        return checked_loss(state.loss, device_batch, output, normalizer, loss_inputs, weight)
