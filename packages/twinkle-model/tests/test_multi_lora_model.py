@@ -156,3 +156,53 @@ def test_sync_into_a_sampler_gives_the_trainers_logprobs(multi, short_features, 
     for sequence, logps in zip(response.sequences, trained, strict=True):
         completion = logps[-len(sequence.tokens) :]
         torch.testing.assert_close(torch.tensor(sequence.logprobs), completion, atol=1e-5, rtol=0)
+
+
+def test_micro_batches_cut_each_request_as_it_would_be_cut_alone(short_features):
+    """A pair-wise loss's request stays whole when it fits a micro-batch, whatever the other requests' sizes."""
+    from twinkle.model import AdapterRequest
+
+    def gradients(micro_batch_size):
+        torch.manual_seed(0)
+        model = MultiLoraModel(device="cpu")
+        for seed, name in enumerate(("sft", "pref")):
+            model.add_adapter_to_model(name, LoraConfig(r=4, target_modules="all-linear"))
+            _randomize_B(model, name, seed)
+        model.set_loss("SimPOLoss", adapter_name="pref")
+        requests = [AdapterRequest("sft", short_features[:3]), AdapterRequest("pref", short_features[2:4])]
+        results = model.forward_backward_many(requests, micro_batch_size=micro_batch_size)
+        assert all(result.ok for result in results), [result.error for result in results]
+        return [p.grad.clone() for name in ("sft", "pref") for p in model._state(name).params]
+
+    for split, whole in zip(gradients(4), gradients(None), strict=True):
+        torch.testing.assert_close(split, whole, atol=1e-6, rtol=1e-5)
+
+
+def test_a_nan_gradient_behind_a_finite_loss_skips_the_step(short_features):
+    from twinkle.data_format import LossOutput
+    from twinkle.errors import InvalidInputError
+
+    class SqrtAtZero:
+        """Finite (0) in value, NaN in gradient: d/dx sqrt(|x|) at x = 0."""
+
+        required_inputs = ()
+
+        def normalizer(self, batch):
+            return None
+
+        def __call__(self, batch, output, **_):
+            logps = output.logps[batch["labels"] != -100]
+            return LossOutput(loss=torch.sqrt((logps - logps.detach()).abs()).sum(), metrics={})
+
+    model = MultiLoraModel(device="cpu")
+    model.add_adapter_to_model("a", LoraConfig(r=4, target_modules=["q_proj"]))
+    model.set_optimizer("AdamW", adapter_name="a", lr=1e-2)
+    model.set_loss(SqrtAtZero(), adapter_name="a")
+    before = [p.detach().clone() for p in model._state("a").params]
+    model.forward_backward(short_features, adapter_name="a")
+    with pytest.raises(InvalidInputError, match=r"gradient norm is nan: the optimizer step was skipped"):
+        model.clip_grad_and_step(adapter_name="a")
+    state = model._state("a")
+    assert state.global_step == 0 and state.accumulated == 0
+    assert all(p.grad is None for p in state.params)
+    assert all(torch.equal(p, b) for p, b in zip(state.params, before, strict=True))

@@ -88,14 +88,12 @@ def forward_backward_many(
             result.error = exc
     if not plans:
         return results
-    rows = [(plan, row) for plan in plans for row in range(len(plan.features))]
-    step = micro_batch_size or len(rows)
     processor = InputProcessor(padding_side="right", pad_token_id=owner.pad_token_id)
     start = time.perf_counter()
     for plan in plans:
         plan.guard.save()
-    for first in range(0, len(rows), step):
-        part = [(plan, row) for plan, row in rows[first : first + step] if plan.result.error is None]
+    for part in _micro_batches(plans, micro_batch_size):
+        part = [(plan, row) for plan, row in part if plan.result.error is None]
         if part:
             _shared_step(owner, processor, part)
     elapsed = time.perf_counter() - start
@@ -103,6 +101,25 @@ def forward_backward_many(
     for plan in plans:
         _finish(owner, plan, elapsed, total_tokens)
     return results
+
+
+def _micro_batches(plans: list[_Plan], micro_batch_size: int | None) -> list[list[tuple[_Plan, int]]]:
+    """Rows grouped into passes of at most ``micro_batch_size`` rows.
+
+    Each request is cut exactly as ``forward_backward`` would cut it alone
+    (chunks of ``micro_batch_size`` from its first row), and chunks are packed
+    whole, so pair-wise losses (DPO) see the same micro-batches either way.
+    """
+    if micro_batch_size is None:
+        return [[(plan, row) for plan in plans for row in range(len(plan.features))]]
+    passes: list[list[tuple[_Plan, int]]] = [[]]
+    for plan in plans:
+        for first in range(0, len(plan.features), micro_batch_size):
+            chunk = [(plan, row) for row in range(first, min(first + micro_batch_size, len(plan.features)))]
+            if len(passes[-1]) + len(chunk) > micro_batch_size:
+                passes.append([])
+            passes[-1].extend(chunk)
+    return passes
 
 
 def _adapter_name(request: Any) -> str | None:

@@ -14,6 +14,7 @@ implement :meth:`TrainingModel.add_adapter_to_model` and the three hooks
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -289,10 +290,17 @@ class TrainingModel(ABC):
         state.require_optimizer()
         if state.accumulated < state.gradient_accumulation_steps:
             return {"stepped": False, "accumulated": state.accumulated}
-        grad_norm = self.clip_grad_norm(max_grad_norm, adapter_name=state.name if state.is_adapter else None)
-        self.step(state.name if state.is_adapter else None)
-        self.zero_grad(state.name if state.is_adapter else None)
-        self.lr_step(state.name if state.is_adapter else None)
+        name = state.name if state.is_adapter else None
+        grad_norm = self.clip_grad_norm(max_grad_norm, adapter_name=name)
+        if not math.isfinite(grad_norm):  # a finite loss can still have a NaN/inf gradient
+            self.zero_grad(name)
+            raise InvalidInputError(
+                f"the gradient norm is {grad_norm}: the optimizer step was skipped and the accumulated "
+                "gradients dropped, so the weights are unchanged"
+            )
+        self.step(name)
+        self.zero_grad(name)
+        self.lr_step(name)
         return {"stepped": True, "grad_norm": grad_norm, "lr": state.current_lr(), "global_step": state.global_step}
 
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
