@@ -34,3 +34,30 @@ class MissingDependencyError(TwinkleError, ImportError):
         super().__init__(f"{purpose} needs the optional package '{module}'. Install it with: pip install '{extra}'")
         self.module = module
         self.extra = extra
+
+
+class AuthenticationError(TwinkleError):
+    """A server request came without a valid API key."""
+
+
+class PermissionDeniedError(TwinkleError):
+    """The caller is known but may not do this (another user's resource, a forbidden setting)."""
+
+
+class QuotaExceededError(TwinkleError):
+    """A per-user limit was reached; ``limit`` names it (e.g. ``'max_adapters'``, ``'requests_per_second'``)."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class RateLimitError(QuotaExceededError):
+    """Too many requests in a short time; retry later."""
+
+    def __init__(self, message: str, limit: str = "requests_per_second") -> None:
+        super().__init__(message, limit)
+
+
+class ServerError(TwinkleError):
+    """A remote server failed in a way that has no more specific error type."""
