@@ -1,0 +1,51 @@
+"""The HTTP application: ``create_app(config)`` for tests and embedding, ``run_server(config)`` for the CLI."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+
+from twinkle.errors import TwinkleError
+from twinkle.server.app import routes_misc, routes_runs
+from twinkle.server.app.http import error_reply
+from twinkle.server.app.state import ServerState
+from twinkle.server.config import ServerConfig
+from twinkle.server.store import Store
+
+
+def create_app(config: ServerConfig, store: Store | None = None) -> FastAPI:
+    """The server application; the model is loaded when the app starts (its lifespan), not here."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.server = ServerState.start(config, store)
+        try:
+            yield
+        finally:
+            app.state.server.stop()
+
+    app = FastAPI(title="Twinkle server", version=routes_misc.VERSION, lifespan=lifespan)
+    for router in (routes_misc.router, routes_misc.api, routes_runs.router):
+        app.include_router(router)
+
+    # Expected errors (a TwinkleError names what the caller must fix) are answered here; anything else
+    # is a server bug, answered 500 by the outermost handler (which also logs it).
+    for error_class in (TwinkleError, RequestValidationError, Exception):
+        app.add_exception_handler(error_class, _error_handler)
+
+    return app
+
+
+async def _error_handler(request: Request, exc: Exception) -> Response:
+    return error_reply(request, exc)
+
+
+def run_server(config: ServerConfig) -> None:
+    """Serve until interrupted (what ``twinkle server`` runs)."""
+    import uvicorn
+
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="info")

@@ -1,0 +1,132 @@
+"""Running a tenant's in-process API call on its run: checks, the job, and what the result becomes.
+
+Short calls (``set_*``, ``zero_grad``, ``lr_step``, ``calculate_metric``) are
+answered directly; long ones get a future. Every call goes through the
+scheduler on the run's own queue, so a tenant's calls run in order and never
+overlap a shared pass.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+from twinkle.errors import ConfigurationError, InvalidInputError, ResourceNotFoundError
+from twinkle.model import AdapterRequest
+from twinkle.server.app.state import ServerState
+from twinkle.server.paths import safe_child
+from twinkle.server.services.components import check_call_components
+from twinkle.server.services.convert import to_wire
+from twinkle.server.services.pool import LONG_METHODS, SHORT_METHODS
+from twinkle.server.services.scheduler import SHARED_METHOD, Job
+
+CHECKPOINT_SCHEME = "twinkle://"
+SHORT_CALL_TIMEOUT_S = 600.0
+
+
+def run_short_call(state: ServerState, user: str, run_id: str, method: str, kwargs: dict[str, Any]) -> Any:
+    check_call_components(method, kwargs)
+    result = state.scheduler.call(
+        run_id, lambda: state.pool.call(run_id, method, kwargs), SHORT_CALL_TIMEOUT_S, labels=(user, method)
+    )
+    return to_wire(result)
+
+
+def submit_long_call(
+    state: ServerState, user: str, run_id: str, method: str, kwargs: dict[str, Any], idempotency_key: str | None
+) -> str:
+    """Queue the call and return its future id (the first call's, when the idempotency key repeats)."""
+    finish = _prepare(state, user, run_id, method, kwargs)
+    future, created = state.futures.create(user, method, run_id, idempotency_key)
+    if not created:
+        return future.id
+    tokens = count_tokens(kwargs.get("inputs"))
+    state.quotas.check_tokens(user, tokens)
+
+    def on_done(result: Any, error: BaseException | None) -> None:
+        if error is not None:
+            state.futures.fail(future.id, error)
+            return
+        try:
+            state.futures.resolve(future.id, to_wire(finish(result)))
+        except Exception as exc:  # recording the result failed: the caller must hear about it
+            state.futures.fail(future.id, exc)
+
+    shared = None
+    if method == SHARED_METHOD and "micro_batch_size" not in kwargs and "inputs" in kwargs:
+        loss_inputs = {key: value for key, value in kwargs.items() if key != "inputs"}
+        shared = AdapterRequest(run_id, kwargs["inputs"], loss_inputs)
+    job = Job(
+        queue_key=run_id,
+        run=lambda: state.pool.call(run_id, method, kwargs),
+        on_done=on_done,
+        shared=shared,
+        tokens=tokens,
+        labels=(user, method),
+    )
+    state.scheduler.submit(job)
+    return future.id
+
+
+def check_method(method: Any) -> str:
+    if method not in SHORT_METHODS | LONG_METHODS:
+        raise InvalidInputError(f"unknown method {method!r}; callable: {sorted(SHORT_METHODS | LONG_METHODS)}")
+    return method
+
+
+def count_tokens(inputs: Any) -> int:
+    """Tokens in a batch of features (trajectories are encoded on the server, so they count once encoded)."""
+    if isinstance(inputs, Mapping):
+        inputs = [inputs]
+    if not isinstance(inputs, list):
+        return 0
+    return sum(len(item["input_ids"]) for item in inputs if isinstance(item, Mapping) and "input_ids" in item)
+
+
+def checkpoint_reference(run_id: str, name: str) -> str:
+    return f"{CHECKPOINT_SCHEME}{run_id}/{name}"
+
+
+def delete_checkpoint(state: ServerState, user: str, run_id: str, name: str) -> None:
+    checkpoint = state.store.get_checkpoint(user, run_id, name)
+    if checkpoint is None:
+        raise ResourceNotFoundError(f"run {run_id!r} has no checkpoint {name!r}")
+    path = safe_child(state.config.checkpoint_dir, user, run_id, name)
+    state.store.delete_checkpoint(user, run_id, name)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _prepare(state: ServerState, user: str, run_id: str, method: str, kwargs: dict[str, Any]) -> Any:
+    """Rewrite server-side paths in ``kwargs``; returns how to turn the method's result into the reply."""
+    for forbidden in ("output_dir", "dataloader"):
+        if forbidden in kwargs:
+            raise InvalidInputError(f"{method}: {forbidden!r} cannot be set remotely; the server decides it")
+    if method == "save":
+        name = kwargs.get("name")
+        safe_child(state.config.checkpoint_dir, user, run_id, name)  # refuses traversal before anything runs
+        kwargs["output_dir"] = str(safe_child(state.config.checkpoint_dir, user, run_id))
+
+        def record(path: Any) -> str:
+            state.store.add_checkpoint(user, run_id, name, str(path))
+            return checkpoint_reference(run_id, name)
+
+        return record
+    if method == "load":
+        kwargs["path"] = _resolve_checkpoint(state, user, run_id, kwargs.get("path"))
+    return lambda result: result
+
+
+def _resolve_checkpoint(state: ServerState, user: str, run_id: str, reference: Any) -> str:
+    """``twinkle://<run>/<name>`` (any run of the same user) or a bare checkpoint name of this run."""
+    if not isinstance(reference, str) or not reference:
+        raise InvalidInputError(f"load needs path='{CHECKPOINT_SCHEME}<run_id>/<name>' or a checkpoint name")
+    source_run, name = run_id, reference
+    if reference.startswith(CHECKPOINT_SCHEME):
+        source_run, _, name = reference.removeprefix(CHECKPOINT_SCHEME).partition("/")
+    checkpoint = state.store.get_checkpoint(user, source_run, name)
+    if checkpoint is None:
+        raise ResourceNotFoundError(f"no checkpoint {reference!r}")
+    if not safe_child(state.config.checkpoint_dir, user, source_run, name).is_dir():
+        raise ConfigurationError(f"checkpoint {reference!r} is recorded but its files are gone")
+    return checkpoint.path

@@ -1,0 +1,137 @@
+"""Health, metrics, server info, sessions, futures, sampling and server-side data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+
+from twinkle import wire
+from twinkle.errors import InvalidInputError, ResourceNotFoundError
+from twinkle.server.app.calls import count_tokens
+from twinkle.server.app.http import caller, read_body, reply
+from twinkle.server.app.routes_runs import owned_run, server
+from twinkle.server.services.convert import from_wire, to_wire
+from twinkle.server.services.scheduler import Job
+
+router = APIRouter()
+api = APIRouter(prefix="/twinkle/v1")
+MAX_WAIT_S = 60.0
+VERSION = "0.1.0"
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    content, media_type = server(request).telemetry.render()
+    return Response(content, media_type=media_type)
+
+
+@api.get("/server_info")
+async def server_info(request: Request) -> Response:
+    caller(request)
+    state = server(request)
+    return reply(
+        request,
+        {"base_model": state.config.model_id, "max_rank": state.pool.max_rank, "max_loras": state.pool.max_loras,
+         "version": VERSION},
+    )  # fmt: skip
+
+
+@api.post("/sessions")
+async def create_session(request: Request) -> Response:
+    user = caller(request)
+    return reply(request, {"session_id": server(request).store.create_session(user).id})
+
+
+@api.post("/sessions/{session_id}/heartbeat")
+async def heartbeat(session_id: str, request: Request) -> Response:
+    user = caller(request)
+    if not server(request).store.heartbeat(user, session_id):
+        raise ResourceNotFoundError(f"no open session {session_id!r} (it may have expired: create a new one)")
+    return reply(request, {})
+
+
+@api.delete("/sessions/{session_id}")
+async def close_session(session_id: str, request: Request) -> Response:
+    user = caller(request)
+    if not await run_in_threadpool(server(request).close_session, user, session_id):
+        raise ResourceNotFoundError(f"no open session {session_id!r}")
+    return reply(request, {})
+
+
+@api.get("/futures/{future_id}")
+async def get_future(future_id: str, request: Request, wait: float = 0.0) -> Response:
+    user = caller(request)
+    timeout = min(max(wait, 0.0), MAX_WAIT_S)
+    future = await run_in_threadpool(server(request).futures.wait, user, future_id, timeout)
+    if future.status == "done":
+        return reply(request, {"status": "done", "result": wire.decode(future.result)})
+    if future.status == "failed":
+        return reply(request, {"status": "failed", "error": future.error})
+    return reply(request, {"status": "pending"})
+
+
+@api.post("/sample")
+async def sample(request: Request) -> Response:
+    user, body, state = caller(request), await read_body(request), server(request)
+    run_id = body.get("run_id")
+    if run_id is not None:
+        owned_run(state, user, run_id)
+    inputs = from_wire(body.get("inputs"))
+    state.quotas.check_tokens(user, count_tokens(inputs))
+    template = body.get("template")
+    if template is not None and not isinstance(template, dict):
+        raise InvalidInputError("template must be an object of Template options, e.g. {'enable_thinking': false}")
+    future, created = state.futures.create(user, "sample", run_id, body.get("idempotency_key"))
+    if created:
+        params, num_samples = body.get("sampling_params"), body.get("num_samples")
+
+        def on_done(result: Any, error: BaseException | None) -> None:
+            if error is None:
+                state.futures.resolve(future.id, to_wire(result))
+            else:
+                state.futures.fail(future.id, error)
+
+        run = lambda: state.pool.sample(run_id, inputs, params, num_samples, template)  # noqa: E731
+        state.scheduler.submit(Job(run_id or f"sample:{user}", run, on_done, labels=(user, "sample")))
+    return reply(request, {"future_id": future.id})
+
+
+@api.post("/datasets")
+async def create_dataset(request: Request) -> Response:
+    user, body, state = caller(request), await read_body(request), server(request)
+    handle, length = await run_in_threadpool(
+        state.data.create_dataset, user, body.get("dataset_id"), body.get("split"), body.get("steps", [])
+    )
+    return reply(request, {"handle": handle, "length": length})
+
+
+@api.post("/dataloaders")
+async def create_dataloader(request: Request) -> Response:
+    user, body, state = caller(request), await read_body(request), server(request)
+    handle, length = await run_in_threadpool(
+        state.data.create_dataloader, user, body.get("dataset"), body.get("batch_size"), body.get("shuffle", False),
+        body.get("seed", 42),
+    )  # fmt: skip
+    return reply(request, {"handle": handle, "length": length})
+
+
+@api.post("/dataloaders/{handle}/next")
+async def next_batch(handle: str, request: Request) -> Response:
+    user = caller(request)
+    batch = await run_in_threadpool(server(request).data.next_batch, user, handle)
+    return reply(request, {"end": True} if batch is None else {"batch": batch})
+
+
+@api.post("/dataloaders/{handle}/reset")
+async def reset_dataloader(handle: str, request: Request) -> Response:
+    user = caller(request)
+    server(request).data.reset(user, handle)
+    return reply(request, {})

@@ -1,0 +1,139 @@
+"""Runs (a tenant's LoRA adapter on the shared base), their calls and their checkpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+
+from twinkle.errors import ConfigurationError, InvalidInputError, ResourceNotFoundError
+from twinkle.server.app import calls
+from twinkle.server.app.http import caller, read_body, reply
+from twinkle.server.app.state import ServerState
+from twinkle.server.services.convert import from_wire
+from twinkle.server.services.pool import SHORT_METHODS
+from twinkle.server.store.base import Run
+
+router = APIRouter(prefix="/twinkle/v1")
+
+
+def server(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def owned_run(state: ServerState, user: str, run_id: str) -> Run:
+    run = state.store.get_run(user, run_id)
+    if run is None:
+        raise ResourceNotFoundError(f"no run {run_id!r}")
+    return run
+
+
+@router.post("/runs")
+async def create_run(request: Request) -> Response:
+    user, body, state = caller(request), await read_body(request), server(request)
+    lora_config = body.get("lora_config")
+    if not isinstance(lora_config, Mapping):
+        raise InvalidInputError("lora_config must be an object of LoraConfig fields, e.g. {'r': 8}")
+    steps = body.get("gradient_accumulation_steps", 1)
+    state.quotas.check_new_adapter(user, state.store.count_resident_runs(user), _largest_rank(lora_config))
+    run = state.store.create_run(user, str(body.get("session_id")), dict(lora_config), steps)
+    if run is None:
+        raise ResourceNotFoundError(f"no open session {body.get('session_id')!r}; POST /twinkle/v1/sessions first")
+    try:
+        await run_in_threadpool(_add_adapter, state, run)
+    except Exception:
+        state.store.set_resident(user, run.id, False)
+        raise
+    return reply(request, {"run_id": run.id})
+
+
+@router.get("/runs")
+async def list_runs(request: Request) -> Response:
+    user, state = caller(request), server(request)
+    return reply(request, {"runs": [run.to_dict() for run in state.store.list_runs(user)]})
+
+
+@router.get("/runs/{run_id}")
+async def get_run(run_id: str, request: Request) -> Response:
+    user, state = caller(request), server(request)
+    run = owned_run(state, user, run_id)
+    listing = run.to_dict()
+    listing["checkpoints"] = _checkpoints(state, user, run_id)
+    return reply(request, listing)
+
+
+@router.post("/runs/{run_id}/resume")
+async def resume_run(run_id: str, request: Request) -> Response:
+    """Put a run whose session ended back into the pool (then ``load`` a checkpoint into it)."""
+    user, body, state = caller(request), await read_body(request), server(request)
+    run = owned_run(state, user, run_id)
+    session_id = str(body.get("session_id"))
+    if state.store.get_session(user, session_id) is None:
+        raise ResourceNotFoundError(f"no open session {session_id!r}")
+    if not run.resident:
+        state.quotas.check_new_adapter(user, state.store.count_resident_runs(user), _largest_rank(run.lora_config))
+        await run_in_threadpool(_add_adapter, state, run)
+    state.store.set_resident(user, run_id, True, session_id)
+    return reply(request, {"run_id": run_id})
+
+
+@router.post("/runs/{run_id}/call")
+async def call(run_id: str, request: Request) -> Response:
+    user, body, state = caller(request), await read_body(request), server(request)
+    run = owned_run(state, user, run_id)
+    if not run.resident:
+        raise ConfigurationError(f"run {run_id!r} is not in the pool (its session ended); resume it first")
+    method = calls.check_method(body.get("method"))
+    kwargs = from_wire(body.get("kwargs") or {})
+    if not isinstance(kwargs, dict):
+        raise InvalidInputError(f"kwargs must be an object, got {type(kwargs).__name__}")
+    if method in SHORT_METHODS:
+        result = await run_in_threadpool(calls.run_short_call, state, user, run_id, method, kwargs)
+        return reply(request, {"result": result})
+    key = body.get("idempotency_key")
+    if key is not None and not isinstance(key, str):
+        raise InvalidInputError("idempotency_key must be a string")
+    future_id = calls.submit_long_call(state, user, run_id, method, kwargs, key)
+    return reply(request, {"future_id": future_id})
+
+
+@router.get("/runs/{run_id}/checkpoints")
+async def list_checkpoints(run_id: str, request: Request) -> Response:
+    user, state = caller(request), server(request)
+    owned_run(state, user, run_id)
+    return reply(request, {"checkpoints": _checkpoints(state, user, run_id)})
+
+
+@router.delete("/runs/{run_id}/checkpoints/{name}")
+async def delete_checkpoint(run_id: str, name: str, request: Request) -> Response:
+    user, state = caller(request), server(request)
+    owned_run(state, user, run_id)
+    await run_in_threadpool(calls.delete_checkpoint, state, user, run_id, name)
+    return reply(request, {})
+
+
+def _checkpoints(state: ServerState, user: str, run_id: str) -> list[dict[str, Any]]:
+    """The run's checkpoints as ``twinkle://`` references: server paths are not the tenant's business."""
+    return [
+        {"name": c.name, "path": calls.checkpoint_reference(run_id, c.name), "created_at": c.created_at}
+        for c in state.store.list_checkpoints(user, run_id) or []
+    ]
+
+
+def _add_adapter(state: ServerState, run: Run) -> None:
+    state.scheduler.call(
+        run.id,
+        lambda: state.pool.add_run(run.id, run.lora_config, run.gradient_accumulation_steps),
+        calls.SHORT_CALL_TIMEOUT_S,
+        labels=(run.user, "create_run"),
+    )
+
+
+def _largest_rank(lora_config: Mapping[str, Any]) -> int:
+    ranks = [lora_config.get("r", 8), *dict(lora_config.get("rank_pattern") or {}).values()]
+    if not all(isinstance(rank, int) and not isinstance(rank, bool) for rank in ranks):
+        raise InvalidInputError(f"LoRA ranks must be integers, got r={lora_config.get('r')!r}")
+    return max(ranks)

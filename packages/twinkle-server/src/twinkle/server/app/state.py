@@ -1,0 +1,85 @@
+"""Everything one server process holds, created at start-up and closed at shutdown."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from twinkle.server.app.telemetry import Telemetry
+from twinkle.server.auth import sync_config_users
+from twinkle.server.config import ServerConfig
+from twinkle.server.quotas import QuotaChecker
+from twinkle.server.services.data import DataHandles
+from twinkle.server.services.futures import Futures
+from twinkle.server.services.pool import ModelPool
+from twinkle.server.services.scheduler import Scheduler
+from twinkle.server.store import SQLiteStore, Store
+from twinkle.utils import get_logger
+
+logger = get_logger(__name__)
+
+RESTART_REASON = "the server restarted while this call was in flight; resume from your last checkpoint"
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    store: Store
+    pool: ModelPool
+    scheduler: Scheduler
+    futures: Futures
+    data: DataHandles
+    quotas: QuotaChecker
+    telemetry: Telemetry
+    _reaper_stop: threading.Event = field(default_factory=threading.Event)
+
+    @classmethod
+    def start(cls, config: ServerConfig, store: Store | None = None) -> ServerState:
+        store = store or SQLiteStore(config.database)
+        failed = store.mark_inflight_futures_failed(RESTART_REASON)
+        store.mark_all_runs_nonresident()  # the new process's adapter pool is empty
+        sync_config_users(store, config)
+        if failed:
+            logger.warning("%d calls were in flight when the server stopped; they now report a failure", failed)
+        pool = ModelPool(config.model_id, config.max_loras, config.max_rank)
+        telemetry = Telemetry(pool)
+        scheduler = Scheduler(pool.forward_backward_many, observe=telemetry.observe_job)
+        telemetry.bind_scheduler(scheduler)
+        state = cls(
+            config, store, pool, scheduler, Futures(store), DataHandles(pool.model_path), QuotaChecker(config),
+            telemetry,
+        )  # fmt: skip
+        threading.Thread(target=state._reap_sessions, name="twinkle-session-reaper", daemon=True).start()
+        return state
+
+    def release_run(self, user: str, run_id: str) -> None:
+        """Take a run's adapter out of the pool (memory freed); its checkpoints stay."""
+        self.scheduler.call(run_id, lambda: self.pool.remove_run(run_id), timeout=600, labels=(user, "release_run"))
+        self.store.set_resident(user, run_id, False)
+
+    def close_session(self, user: str, session_id: str) -> bool:
+        """Close a session: its runs' adapters leave the pool; False if it is unknown or another user's."""
+        released = self.store.close_session(user, session_id)
+        if released is None:
+            return False
+        for run_id in released:
+            self.release_run(user, run_id)
+        if self.store.count_resident_runs(user) == 0:
+            self.data.drop_user(user)  # nothing left training: free the user's server-side datasets
+        return True
+
+    def stop(self) -> None:
+        self._reaper_stop.set()
+        self.scheduler.stop()
+        self.store.close()
+
+    def _reap_sessions(self) -> None:
+        """Sessions without a heartbeat for ``session_timeout_s`` close, and their adapters leave the pool."""
+        interval = max(1.0, min(30.0, self.config.session_timeout_s / 4))
+        while not self._reaper_stop.wait(interval):
+            for session in self.store.stale_sessions(time.time() - self.config.session_timeout_s):
+                try:
+                    self.close_session(session.user, session.id)
+                except Exception:
+                    logger.exception("could not close expired session %s", session.id)

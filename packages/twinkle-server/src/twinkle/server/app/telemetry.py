@@ -1,0 +1,53 @@
+"""Prometheus metrics: per tenant (calls, tokens, queue wait, step latency) and for the server (pool, queue)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from twinkle.server.services.pool import ModelPool
+    from twinkle.server.services.scheduler import Job, Scheduler
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Telemetry:
+    """One registry per server (not the global one), so several servers in one process do not clash."""
+
+    def __init__(self, pool: ModelPool) -> None:
+        self.registry = CollectorRegistry()
+        self.calls = Counter(
+            "twinkle_calls", "Calls run, by tenant and method", ["user", "method"], registry=self.registry
+        )
+        self.tokens = Counter("twinkle_tokens", "Input tokens trained on, by tenant", ["user"], registry=self.registry)
+        self.queue_wait = Histogram(
+            "twinkle_queue_wait_seconds", "Time a call waited in the scheduler", ["user"],
+            buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "twinkle_step_latency_seconds", "Time to run a call (a shared pass counts for each tenant in it)",
+            ["user", "method"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.pool_used = Gauge("twinkle_pool_adapters", "Adapters resident in the pool", registry=self.registry)
+        self.pool_size = Gauge("twinkle_pool_capacity", "Adapter slots in the pool", registry=self.registry)
+        self.queue_depth = Gauge("twinkle_queue_depth", "Calls waiting in the scheduler", registry=self.registry)
+        self.pool_used.set_function(lambda: len(pool.model.adapter_names))
+        self.pool_size.set(pool.max_loras)
+
+    def bind_scheduler(self, scheduler: Scheduler) -> None:
+        self.queue_depth.set_function(scheduler.queue_depth)
+
+    def observe_job(self, event: str, job: Job, seconds: float) -> None:
+        user, method = job.labels
+        if event == "start":
+            self.queue_wait.labels(user).observe(seconds)
+        else:
+            self.calls.labels(user, method).inc()
+            self.latency.labels(user, method).observe(seconds)
+            if job.tokens:
+                self.tokens.labels(user).inc(job.tokens)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), "text/plain; version=0.0.4; charset=utf-8"

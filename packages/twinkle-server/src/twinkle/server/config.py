@@ -1,0 +1,289 @@
+"""Server configuration: dataclass defaults < YAML file < command-line overrides.
+
+Every problem in a file is reported at once, each naming its key path
+(``users.alice.quotas.max_rank``), so ``twinkle server check-config`` can list
+them all before a deployment instead of failing on the first. Relative paths in
+a file are resolved against the file's folder, so a config works from any cwd.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from twinkle.errors import ConfigurationError
+from twinkle.server.store.base import check_user_name
+
+DEFAULT_STATE_DIR = "~/.twinkle/server"
+MIN_API_KEY_LENGTH = 16  # keys are stored as a fast sha256, which is only safe for long random keys
+
+
+@dataclass
+class Quotas:
+    """Per-user limits; ``ServerConfig.quotas`` holds the defaults, ``users.<name>.quotas`` overrides them."""
+
+    max_adapters: int = 4
+    max_rank: int = 64
+    max_tokens_per_request: int = 65536
+    requests_per_second: float = 50.0
+
+
+@dataclass
+class UserConfig:
+    """A user declared in the config: API keys and quota overrides (a subset of ``Quotas`` fields)."""
+
+    api_keys: list[str] = field(default_factory=list)
+    quotas: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ServerConfig:
+    """Everything ``twinkle server`` needs; ``database`` and ``checkpoint_dir`` default to inside ``state_dir``."""
+
+    model_id: str = "builtin://qwen3-tiny"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    state_dir: Path = Path(DEFAULT_STATE_DIR)
+    database: Path | None = None
+    checkpoint_dir: Path | None = None
+    max_loras: int = 8
+    max_rank: int = 64
+    session_timeout_s: float = 120.0
+    api_keys_file: Path | None = None
+    users: dict[str, UserConfig] = field(default_factory=dict)
+    quotas: Quotas = field(default_factory=Quotas)
+
+    def __post_init__(self) -> None:
+        self.state_dir = Path(self.state_dir).expanduser()
+        self.database = Path(self.database).expanduser() if self.database else self.state_dir / "twinkle.db"
+        self.checkpoint_dir = (
+            Path(self.checkpoint_dir).expanduser() if self.checkpoint_dir else self.state_dir / "checkpoints"
+        )
+
+    def quotas_for(self, user: str) -> Quotas:
+        """The server-wide defaults with ``user``'s overrides applied."""
+        overrides = self.users[user].quotas if user in self.users else {}
+        return dataclasses.replace(self.quotas, **overrides)
+
+    def api_keys(self) -> dict[str, list[str]]:
+        """Every configured key per user: inline ``users`` plus ``api_keys_file`` (read now, so edits apply)."""
+        keys = {name: list(user.api_keys) for name, user in self.users.items()}
+        if self.api_keys_file is not None:
+            from_file, problems = _read_key_file(self.api_keys_file)
+            if problems:
+                raise ConfigurationError("; ".join(problems))
+            for name, file_keys in from_file.items():
+                keys.setdefault(name, []).extend(file_keys)
+        return keys
+
+
+_TOP: dict[str, type] = {
+    "model_id": str,
+    "host": str,
+    "port": int,
+    "state_dir": str,
+    "database": str,
+    "checkpoint_dir": str,
+    "max_loras": int,
+    "max_rank": int,
+    "session_timeout_s": float,
+    "api_keys_file": str,
+    "users": dict,
+    "quotas": dict,
+}
+_NULLABLE = {"database", "checkpoint_dir", "api_keys_file", "users"}
+_PATHS = ("state_dir", "database", "checkpoint_dir", "api_keys_file")
+_QUOTAS: dict[str, type] = {
+    "max_adapters": int,
+    "max_rank": int,
+    "max_tokens_per_request": int,
+    "requests_per_second": float,
+}
+_USER: dict[str, type] = {"api_keys": list, "quotas": dict}
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> ServerConfig:
+    """Read ``path`` (or only defaults), apply non-None ``overrides`` (e.g. CLI flags), validate, build.
+
+    Raises ConfigurationError listing every problem found.
+    """
+    unknown = sorted(set(overrides) - set(_TOP))
+    if unknown:
+        raise ConfigurationError(f"unknown server option(s) {unknown}; known: {sorted(_TOP)}")
+    data, base_dir, problems = _read(Path(path)) if path is not None else ({}, Path.cwd(), [])
+    for key, value in overrides.items():
+        if value is not None:  # flags are relative to the cwd, not to the config file
+            data[key] = str(Path(value).expanduser().absolute()) if key in _PATHS else value
+    problems = problems or _problems(data, base_dir)
+    where = f"config {path}" if path is not None else "server options"
+    if problems:
+        raise ConfigurationError(f"{where} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
+    return _build(data, base_dir)
+
+
+def check_config(path: str | Path) -> list[str]:
+    """Every problem in the config file at ``path``; an empty list means it loads."""
+    data, base_dir, problems = _read(Path(path))
+    return problems or _problems(data, base_dir)
+
+
+def _read(path: Path) -> tuple[dict[str, Any], Path, list[str]]:
+    base_dir = path.parent.resolve()
+    if not path.is_file():
+        return {}, base_dir, [f"config file {path} does not exist"]
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        return {}, base_dir, [f"config file {path} is not valid YAML: {exc}"]
+    if not isinstance(data, dict):
+        return {}, base_dir, [f"config file {path} must hold a mapping of option: value, got {type(data).__name__}"]
+    return data, base_dir, []
+
+
+def _problems(data: dict[str, Any], base_dir: Path) -> list[str]:
+    problems = _shape_problems(data, _TOP, "", _NULLABLE)
+    if problems:  # range checks below assume the types are right
+        return problems
+    merged = dataclasses.asdict(ServerConfig()) | data
+    if not 0 <= merged["port"] <= 65535:
+        problems.append(f"port: must be in 0..65535 (0 lets the OS pick a free port), got {merged['port']}")
+    for key in ("model_id", "host"):
+        if not merged[key].strip():
+            problems.append(f"{key}: must not be empty")
+    for key in ("max_loras", "max_rank", "session_timeout_s"):
+        if merged[key] <= 0:
+            problems.append(f"{key}: must be positive, got {merged[key]}")
+    problems += _quota_problems(data.get("quotas") or {}, "quotas", merged["max_rank"], complete=True)
+    owners: dict[str, str] = {}
+    for name, user in (data.get("users") or {}).items():
+        problems += _user_problems(name, user, merged["max_rank"], owners)
+    if data.get("api_keys_file") is not None:
+        key_file = _resolve(data["api_keys_file"], base_dir)
+        from_file, file_problems = _read_key_file(key_file)
+        problems += file_problems
+        for name, keys in from_file.items():
+            problems += _key_problems(name, keys, f"api_keys_file {key_file}: {name}", owners)
+    return problems
+
+
+def _shape_problems(data: dict[str, Any], schema: dict[str, type], prefix: str, nullable: set[str]) -> list[str]:
+    problems = []
+    for key, value in data.items():
+        where = f"{prefix}{key}"
+        if key not in schema:
+            match = difflib.get_close_matches(str(key), list(schema), n=1)
+            hint = f" (did you mean '{prefix}{match[0]}'?)" if match else f"; known keys: {', '.join(schema)}"
+            problems.append(f"{where}: unknown key{hint}")
+        elif value is None and key in nullable:
+            continue
+        elif not _is_type(value, schema[key]):
+            problems.append(f"{where}: expected {schema[key].__name__}, got {type(value).__name__} ({value!r})")
+    return problems
+
+
+def _is_type(value: Any, expected: type) -> bool:
+    if isinstance(value, bool):
+        return expected is bool
+    if expected is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, expected)
+
+
+def _quota_problems(quotas: dict[str, Any], prefix: str, server_max_rank: int, complete: bool) -> list[str]:
+    problems = _shape_problems(quotas, _QUOTAS, f"{prefix}.", set())
+    if problems:
+        return problems
+    for key, value in quotas.items():
+        if value <= 0:
+            problems.append(f"{prefix}.{key}: must be positive, got {value}")
+    rank = quotas.get("max_rank", Quotas.max_rank if complete else None)
+    if rank is not None and rank > server_max_rank:
+        problems.append(f"{prefix}.max_rank: {rank} exceeds the server's max_rank {server_max_rank}")
+    return problems
+
+
+def _user_problems(name: Any, user: Any, server_max_rank: int, owners: dict[str, str]) -> list[str]:
+    where = f"users.{name}"
+    try:
+        check_user_name(str(name))
+    except ValueError as exc:
+        return [f"{where}: {exc}"]
+    if user is None:
+        return []
+    if not isinstance(user, dict):
+        return [f"{where}: expected a mapping with api_keys and/or quotas, got {type(user).__name__}"]
+    problems = _shape_problems(user, _USER, f"{where}.", {"api_keys", "quotas"})
+    if problems:
+        return problems
+    problems += _key_problems(name, user.get("api_keys") or [], f"{where}.api_keys", owners)
+    return problems + _quota_problems(user.get("quotas") or {}, f"{where}.quotas", server_max_rank, complete=False)
+
+
+def _key_problems(user: str, keys: list[Any], where: str, owners: dict[str, str]) -> list[str]:
+    problems = []
+    for i, key in enumerate(keys):
+        if not isinstance(key, str):
+            problems.append(f"{where}[{i}]: expected a string key, got {type(key).__name__}")
+        elif len(key) < MIN_API_KEY_LENGTH or any(c.isspace() for c in key):
+            problems.append(
+                f"{where}[{i}]: API keys need at least {MIN_API_KEY_LENGTH} characters and no whitespace "
+                f"(got {len(key)} characters); 'twinkle server add-user' generates good ones"
+            )
+        elif owners.setdefault(key, user) != user:
+            problems.append(f"{where}[{i}]: key {key[:8]}... is already listed for user '{owners[key]}'")
+    return problems
+
+
+def _read_key_file(path: Path) -> tuple[dict[str, list[str]], list[str]]:
+    """``{user: [keys]}`` from a YAML or JSON file, and what is wrong with it."""
+    where = f"api_keys_file {path}"
+    if not path.is_file():
+        return {}, [f"{where}: file does not exist"]
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        return {}, [f"{where}: not valid YAML/JSON: {exc}"]
+    if not isinstance(data, dict):
+        return {}, [f"{where}: must hold a mapping of user: [keys], got {type(data).__name__}"]
+    keys, problems = {}, []
+    for name, user_keys in data.items():
+        try:
+            check_user_name(str(name))
+        except ValueError as exc:
+            problems.append(f"{where}: {name}: {exc}")
+            continue
+        if not isinstance(user_keys, list):
+            problems.append(f"{where}: {name}: expected a list of keys, got {type(user_keys).__name__}")
+            continue
+        keys[str(name)] = user_keys
+    return keys, problems
+
+
+def _resolve(value: str, base_dir: Path) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else base_dir / path
+
+
+def _build(data: dict[str, Any], base_dir: Path) -> ServerConfig:
+    values = dict(data)
+    for key in _PATHS:
+        if values.get(key) is not None:
+            values[key] = _resolve(values[key], base_dir)
+    values["quotas"] = _typed_quotas(values.get("quotas") or {})
+    values["users"] = {
+        str(name): UserConfig(list((user or {}).get("api_keys") or []), _typed_quotas((user or {}).get("quotas") or {}))
+        for name, user in (values.get("users") or {}).items()
+    }
+    values["session_timeout_s"] = float(values.get("session_timeout_s", ServerConfig.session_timeout_s))
+    values["quotas"] = Quotas(**values["quotas"])
+    return ServerConfig(**values)
+
+
+def _typed_quotas(quotas: dict[str, Any]) -> dict[str, Any]:
+    """YAML ``requests_per_second: 5`` is an int; the dataclass promises a float."""
+    return {key: _QUOTAS[key](value) for key, value in quotas.items()}

@@ -1,0 +1,1 @@
+"""What the server does with requests: the model pool, the scheduler that batches tenants, futures, data."""

@@ -1,0 +1,364 @@
+"""``SQLiteStore``: the embedded default ``Store`` (stdlib sqlite3, one file, WAL).
+
+One connection guarded by a lock serves every thread of the server: each
+statement takes microseconds, so serialising them costs nothing next to a model
+step, and it rules out "database is locked" between our own threads. WAL plus a
+busy timeout lets another process (``twinkle server add-user`` while the server
+runs) read and write the same file safely. Writes use ``BEGIN IMMEDIATE`` so a
+read-then-write (an ownership check, then the update) is atomic across processes.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from twinkle.errors import ConfigurationError, InvalidInputError, ResourceNotFoundError
+from twinkle.server.store.base import (
+    INFLIGHT_STATUSES,
+    Checkpoint,
+    Future,
+    KeySource,
+    Run,
+    Session,
+    Store,
+    User,
+    check_user_name,
+    new_id,
+)
+from twinkle.server.store.schema import migrate
+
+_INFLIGHT = "('" + "', '".join(INFLIGHT_STATUSES) + "')"
+
+
+class SQLiteStore(Store):
+    """A ``Store`` in the SQLite file ``path`` (created, and migrated to the latest schema, on open)."""
+
+    def __init__(self, path: str | Path, clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(path).expanduser()
+        self._clock = clock
+        self._lock = threading.RLock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a power cut may lose, never corrupt
+            self._conn.execute("PRAGMA foreign_keys=ON")
+            migrate(self._conn)
+        except (OSError, sqlite3.Error) as exc:
+            raise ConfigurationError(f"cannot open the server database {self.path}: {exc}") from exc
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def _row(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
+        rows = self._rows(sql, params)
+        return rows[0] if rows else None
+
+    def _update(self, sql: str, params: Sequence[Any] = ()) -> int:
+        with self._tx() as conn:
+            return conn.execute(sql, params).rowcount
+
+    # users and keys
+    def add_user(self, name: str) -> User:
+        check_user_name(name)
+        with self._tx() as conn:
+            conn.execute("INSERT OR IGNORE INTO users VALUES (?, ?)", (name, self._clock()))
+            return _user(conn.execute("SELECT * FROM users WHERE name = ?", (name,)).fetchone())
+
+    def get_user(self, name: str) -> User | None:
+        row = self._row("SELECT * FROM users WHERE name = ?", (name,))
+        return _user(row) if row else None
+
+    def add_api_key(self, user: str, key_hash: str, prefix: str, source: KeySource = "cli") -> None:
+        with self._tx() as conn:
+            if conn.execute("SELECT 1 FROM users WHERE name = ?", (user,)).fetchone() is None:
+                raise ResourceNotFoundError(f"no user {user!r}; create it first")
+            if conn.execute("SELECT 1 FROM api_keys WHERE key_hash = ?", (key_hash,)).fetchone():
+                raise InvalidInputError(f"API key {prefix}... is already registered")
+            conn.execute("INSERT INTO api_keys VALUES (?, ?, ?, ?, ?)", (key_hash, user, prefix, source, self._clock()))
+
+    def user_for_key_hash(self, key_hash: str) -> str | None:
+        row = self._row("SELECT user FROM api_keys WHERE key_hash = ?", (key_hash,))
+        return row["user"] if row else None
+
+    def sync_config_keys(self, keys: Mapping[str, Sequence[tuple[str, str]]]) -> None:
+        now = self._clock()
+        with self._tx() as conn:
+            conn.execute("DELETE FROM api_keys WHERE source = 'config'")
+            for user, pairs in keys.items():
+                conn.execute("INSERT OR IGNORE INTO users VALUES (?, ?)", (check_user_name(user), now))
+                for key_hash, prefix in pairs:
+                    owner = conn.execute("SELECT user FROM api_keys WHERE key_hash = ?", (key_hash,)).fetchone()
+                    if owner is not None and owner["user"] != user:
+                        raise ConfigurationError(
+                            f"config key {prefix}... of user {user!r} was already issued to user {owner['user']!r}"
+                        )
+                    conn.execute(
+                        "INSERT OR IGNORE INTO api_keys VALUES (?, ?, ?, 'config', ?)", (key_hash, user, prefix, now)
+                    )
+
+    # sessions
+    def create_session(self, user: str) -> Session:
+        now = self._clock()
+        session = Session(new_id("ses"), user, now, now, closed=False)
+        with self._tx() as conn:
+            conn.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, 0)", (session.id, user, now, now))
+        return session
+
+    def get_session(self, user: str, session_id: str) -> Session | None:
+        row = self._row("SELECT * FROM sessions WHERE id = ? AND user = ?", (session_id, user))
+        return _session(row) if row else None
+
+    def heartbeat(self, user: str, session_id: str) -> bool:
+        return (
+            self._update(
+                "UPDATE sessions SET last_heartbeat = ? WHERE id = ? AND user = ? AND closed = 0",
+                (self._clock(), session_id, user),
+            )
+            == 1
+        )
+
+    def close_session(self, user: str, session_id: str) -> list[str] | None:
+        with self._tx() as conn:
+            if conn.execute("SELECT 1 FROM sessions WHERE id = ? AND user = ?", (session_id, user)).fetchone() is None:
+                return None
+            conn.execute("UPDATE sessions SET closed = 1 WHERE id = ?", (session_id,))
+            rows = conn.execute(
+                "SELECT id FROM runs WHERE session_id = ? AND resident = 1 ORDER BY created_at", (session_id,)
+            ).fetchall()
+            conn.execute("UPDATE runs SET resident = 0 WHERE session_id = ?", (session_id,))
+        return [row["id"] for row in rows]
+
+    def stale_sessions(self, heartbeat_before: float) -> list[Session]:
+        rows = self._rows("SELECT * FROM sessions WHERE closed = 0 AND last_heartbeat < ?", (heartbeat_before,))
+        return [_session(row) for row in rows]
+
+    # runs
+    def create_run(
+        self, user: str, session_id: str, lora_config: dict[str, Any], gradient_accumulation_steps: int = 1
+    ) -> Run | None:
+        if isinstance(gradient_accumulation_steps, bool) or not isinstance(gradient_accumulation_steps, int):
+            raise InvalidInputError(f"gradient_accumulation_steps must be an int, got {gradient_accumulation_steps!r}")
+        if gradient_accumulation_steps < 1:
+            raise InvalidInputError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}")
+        config_json = _json(lora_config, "lora_config")
+        run = Run(
+            new_id("run"), user, session_id, json.loads(config_json), gradient_accumulation_steps, self._clock(), True
+        )
+        with self._tx() as conn:
+            if not _open_session(conn, user, session_id):
+                return None
+            conn.execute(
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, 1)",
+                (run.id, user, session_id, config_json, gradient_accumulation_steps, run.created_at),
+            )
+        return run
+
+    def get_run(self, user: str, run_id: str) -> Run | None:
+        row = self._row("SELECT * FROM runs WHERE id = ? AND user = ?", (run_id, user))
+        return _run(row) if row else None
+
+    def list_runs(self, user: str) -> list[Run]:
+        return [
+            _run(row) for row in self._rows("SELECT * FROM runs WHERE user = ? ORDER BY created_at, rowid", (user,))
+        ]
+
+    def count_resident_runs(self, user: str) -> int:
+        return self._rows("SELECT COUNT(*) FROM runs WHERE user = ? AND resident = 1", (user,))[0][0]
+
+    def set_resident(self, user: str, run_id: str, resident: bool, session_id: str | None = None) -> bool:
+        with self._tx() as conn:
+            if session_id is not None and not _open_session(conn, user, session_id):
+                return False
+            return (
+                conn.execute(
+                    "UPDATE runs SET resident = ?, session_id = COALESCE(?, session_id) WHERE id = ? AND user = ?",
+                    (int(resident), session_id, run_id, user),
+                ).rowcount
+                == 1
+            )
+
+    def mark_all_runs_nonresident(self) -> int:
+        return self._update("UPDATE runs SET resident = 0 WHERE resident = 1")
+
+    # checkpoints
+    def add_checkpoint(self, user: str, run_id: str, name: str, path: str) -> Checkpoint | None:
+        checkpoint = Checkpoint(run_id, name, str(path), self._clock())
+        with self._tx() as conn:
+            if conn.execute("SELECT 1 FROM runs WHERE id = ? AND user = ?", (run_id, user)).fetchone() is None:
+                return None
+            conn.execute(
+                "INSERT INTO checkpoints VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (run_id, name) DO UPDATE SET path = excluded.path, created_at = excluded.created_at",
+                (run_id, name, checkpoint.path, checkpoint.created_at),
+            )
+        return checkpoint
+
+    def get_checkpoint(self, user: str, run_id: str, name: str) -> Checkpoint | None:
+        row = self._row(
+            "SELECT c.* FROM checkpoints c JOIN runs r ON r.id = c.run_id WHERE c.run_id = ? AND c.name = ? AND r.user = ?",
+            (run_id, name, user),
+        )
+        return _checkpoint(row) if row else None
+
+    def list_checkpoints(self, user: str, run_id: str) -> list[Checkpoint] | None:
+        with self._lock:
+            if self._row("SELECT 1 FROM runs WHERE id = ? AND user = ?", (run_id, user)) is None:
+                return None
+            rows = self._rows("SELECT * FROM checkpoints WHERE run_id = ? ORDER BY created_at, rowid", (run_id,))
+        return [_checkpoint(row) for row in rows]
+
+    def delete_checkpoint(self, user: str, run_id: str, name: str) -> bool:
+        return (
+            self._update(
+                "DELETE FROM checkpoints WHERE run_id = ? AND name = ? AND run_id IN (SELECT id FROM runs WHERE user = ?)",
+                (run_id, name, user),
+            )
+            == 1
+        )
+
+    # futures
+    def create_future(
+        self,
+        user: str,
+        method: str,
+        run_id: str | None = None,
+        idempotency_key: str | None = None,
+        future_id: str | None = None,
+    ) -> tuple[Future, bool]:
+        with self._tx() as conn:
+            if (
+                run_id is not None
+                and not conn.execute("SELECT 1 FROM runs WHERE id = ? AND user = ?", (run_id, user)).fetchone()
+            ):
+                raise ResourceNotFoundError(f"run {run_id!r} not found")
+            if idempotency_key is not None:
+                row = conn.execute(
+                    "SELECT * FROM futures WHERE user = ? AND COALESCE(run_id, '') = COALESCE(?, '') "
+                    "AND idempotency_key = ?",
+                    (user, run_id, idempotency_key),
+                ).fetchone()
+                if row is not None:
+                    return _future(row), False
+            future = Future(
+                future_id or new_id("fut"), user, run_id, method, "pending", None, None, self._clock(), None
+            )
+            conn.execute(
+                "INSERT INTO futures (id, user, run_id, method, status, idempotency_key, created_at) "
+                "VALUES (?, ?, ?, ?, 'pending', ?, ?)",
+                (future.id, user, run_id, method, idempotency_key, future.created_at),
+            )
+        return future, True
+
+    def get_future(self, user: str, future_id: str) -> Future | None:
+        row = self._row("SELECT * FROM futures WHERE id = ? AND user = ?", (future_id, user))
+        return _future(row) if row else None
+
+    def start_future(self, future_id: str) -> bool:
+        return (
+            self._update("UPDATE futures SET status = 'running' WHERE id = ? AND status = 'pending'", (future_id,)) == 1
+        )
+
+    def finish_future(self, future_id: str, result: bytes) -> bool:
+        return (
+            self._update(
+                f"UPDATE futures SET status = 'done', result = ?, finished_at = ? WHERE id = ? AND status IN {_INFLIGHT}",
+                (sqlite3.Binary(result), self._clock(), future_id),
+            )
+            == 1
+        )
+
+    def fail_future(self, future_id: str, error: dict[str, Any]) -> bool:
+        return (
+            self._update(
+                f"UPDATE futures SET status = 'failed', error = ?, finished_at = ? WHERE id = ? AND status IN {_INFLIGHT}",
+                (_json(error, "error"), self._clock(), future_id),
+            )
+            == 1
+        )
+
+    def mark_inflight_futures_failed(self, reason: str) -> int:
+        error = json.dumps({"type": "ServerError", "message": reason})
+        return self._update(
+            f"UPDATE futures SET status = 'failed', error = ?, finished_at = ? WHERE status IN {_INFLIGHT}",
+            (error, self._clock()),
+        )
+
+    def purge_futures(self, finished_before: float) -> int:
+        return self._update("DELETE FROM futures WHERE finished_at < ?", (finished_before,))
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+def _open_session(conn: sqlite3.Connection, user: str, session_id: str) -> bool:
+    query = "SELECT 1 FROM sessions WHERE id = ? AND user = ? AND closed = 0"
+    return conn.execute(query, (session_id, user)).fetchone() is not None
+
+
+def _json(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"{what} must be JSON-serialisable: {exc}") from exc
+
+
+def _user(row: sqlite3.Row) -> User:
+    return User(row["name"], row["created_at"])
+
+
+def _session(row: sqlite3.Row) -> Session:
+    return Session(row["id"], row["user"], row["created_at"], row["last_heartbeat"], bool(row["closed"]))
+
+
+def _run(row: sqlite3.Row) -> Run:
+    return Run(
+        row["id"],
+        row["user"],
+        row["session_id"],
+        json.loads(row["lora_config"]),
+        row["gradient_accumulation_steps"],
+        row["created_at"],
+        bool(row["resident"]),
+    )
+
+
+def _checkpoint(row: sqlite3.Row) -> Checkpoint:
+    return Checkpoint(row["run_id"], row["name"], row["path"], row["created_at"])
+
+
+def _future(row: sqlite3.Row) -> Future:
+    error = json.loads(row["error"]) if row["error"] is not None else None
+    result = bytes(row["result"]) if row["result"] is not None else None
+    return Future(
+        row["id"],
+        row["user"],
+        row["run_id"],
+        row["method"],
+        row["status"],
+        result,
+        error,
+        row["created_at"],
+        row["finished_at"],
+    )
