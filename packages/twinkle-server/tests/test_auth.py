@@ -87,5 +87,5 @@ def test_sync_config_users_adds_and_revokes_config_keys(store, tmp_path):
 
 def test_sync_config_users_reports_a_broken_key_file(store, tmp_path):
     config = ServerConfig(state_dir=tmp_path, api_keys_file=tmp_path / "gone.yaml")
-    with pytest.raises(ConfigurationError, match="gone.yaml: file does not exist"):
+    with pytest.raises(ConfigurationError, match=r"gone\.yaml: file does not exist"):
         sync_config_users(store, config)

@@ -83,7 +83,10 @@ def test_direct_construction_derives_paths(tmp_path):
         ("quotas: {requests_per_second: 0}", "quotas.requests_per_second: must be positive, got 0"),
         ("quotas: {max_rank: 128}", "quotas.max_rank: 128 exceeds the server's max_rank 64"),
         ("max_rank: 16", "quotas.max_rank: 64 exceeds the server's max_rank 16"),
-        ("users: {alice: {quotas: {max_rank: 99}}}", "users.alice.quotas.max_rank: 99 exceeds the server's max_rank 64"),
+        (
+            "users: {alice: {quotas: {max_rank: 99}}}",
+            "users.alice.quotas.max_rank: 99 exceeds the server's max_rank 64",
+        ),
         ("users: {alice: {api_key: [x]}}", "users.alice.api_key: unknown key (did you mean 'users.alice.api_keys'?)"),
         ("users: {alice: {api_keys: short}}", "users.alice.api_keys: expected list, got str ('short')"),
         ("users: {alice: {api_keys: [short]}}", "users.alice.api_keys[0]: API keys need at least 16 characters"),
@@ -111,7 +114,9 @@ def test_check_config_names_each_problem(tmp_path, text, problem):
 
 def test_check_config_lists_every_problem_at_once(tmp_path):
     _write(tmp_path, "alice: [tiny]\nbob: not-a-list\n", "keys.yaml")
-    path = _write(tmp_path, "max_loras: 0\nport: 99999\napi_keys_file: keys.yaml\nusers: {alice: {quotas: {max_rank: 0}}}\n")
+    path = _write(
+        tmp_path, "max_loras: 0\nport: 99999\napi_keys_file: keys.yaml\nusers: {alice: {quotas: {max_rank: 0}}}\n"
+    )
     problems = check_config(path)
     assert [p.split(":")[0] for p in problems] == [
         "port",

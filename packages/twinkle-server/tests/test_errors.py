@@ -25,7 +25,6 @@ from twinkle.server.errors import error_response
         (PermissionDeniedError("not yours"), 403),
         (ResourceNotFoundError("no run 'run-x'"), 404),
         (ConfigurationError("optimizer not set"), 409),
-        (RateLimitError("slow down"), 429),
         (MissingDependencyError("vllm", "twinkle-sampler[vllm]", "vLLM sampling"), 500),
         (ServerError("worker died"), 500),
     ],
@@ -39,7 +38,10 @@ def test_quota_errors_carry_their_limit():
         403,
         {"error": {"type": "QuotaExceededError", "message": "too many adapters", "limit": "max_adapters"}},
     )
-    assert error_response(RateLimitError("slow down"))[1]["error"]["limit"] == "requests_per_second"
+    assert error_response(RateLimitError("slow down")) == (
+        429,
+        {"error": {"type": "RateLimitError", "message": "slow down", "limit": "requests_per_second"}},
+    )
 
 
 def test_subclasses_outside_core_travel_as_their_core_base():
@@ -58,9 +60,17 @@ def test_malformed_body_is_422_naming_the_fields():
     )
     assert error_response(exc) == (
         422,
-        {"error": {"type": "InvalidInputError", "message": "malformed request body: body.session_id: Field required; bad json"}},
+        {
+            "error": {
+                "type": "InvalidInputError",
+                "message": "malformed request body: body.session_id: Field required; bad json",
+            }
+        },
     )
 
 
 def test_unexpected_errors_are_server_errors_naming_the_class():
-    assert error_response(KeyError("lora_A")) == (500, {"error": {"type": "ServerError", "message": "KeyError: 'lora_A'"}})
+    assert error_response(KeyError("lora_A")) == (
+        500,
+        {"error": {"type": "ServerError", "message": "KeyError: 'lora_A'"}},
+    )

@@ -146,9 +146,7 @@ def _read(path: Path) -> tuple[dict[str, Any], Path, list[str]]:
 
 
 def _problems(data: dict[str, Any], base_dir: Path) -> list[str]:
-    problems = _shape_problems(data, _TOP, "", _NULLABLE)
-    if problems:  # range checks below assume the types are right
-        return problems
+    data, problems = _shape(data, _TOP, "", _NULLABLE)  # from here on, every value has the right type
     merged = dataclasses.asdict(ServerConfig()) | data
     if not 0 <= merged["port"] <= 65535:
         problems.append(f"port: must be in 0..65535 (0 lets the OS pick a free port), got {merged['port']}")
@@ -171,19 +169,22 @@ def _problems(data: dict[str, Any], base_dir: Path) -> list[str]:
     return problems
 
 
-def _shape_problems(data: dict[str, Any], schema: dict[str, type], prefix: str, nullable: set[str]) -> list[str]:
-    problems = []
+def _shape(
+    data: dict[str, Any], schema: dict[str, type], prefix: str, nullable: set[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """The entries of ``data`` with known keys and right types, and a problem for each other entry."""
+    good, problems = {}, []
     for key, value in data.items():
         where = f"{prefix}{key}"
         if key not in schema:
             match = difflib.get_close_matches(str(key), list(schema), n=1)
             hint = f" (did you mean '{prefix}{match[0]}'?)" if match else f"; known keys: {', '.join(schema)}"
             problems.append(f"{where}: unknown key{hint}")
-        elif value is None and key in nullable:
-            continue
-        elif not _is_type(value, schema[key]):
+        elif (value is None and key in nullable) or _is_type(value, schema[key]):
+            good[key] = value
+        else:
             problems.append(f"{where}: expected {schema[key].__name__}, got {type(value).__name__} ({value!r})")
-    return problems
+    return good, problems
 
 
 def _is_type(value: Any, expected: type) -> bool:
@@ -195,9 +196,7 @@ def _is_type(value: Any, expected: type) -> bool:
 
 
 def _quota_problems(quotas: dict[str, Any], prefix: str, server_max_rank: int, complete: bool) -> list[str]:
-    problems = _shape_problems(quotas, _QUOTAS, f"{prefix}.", set())
-    if problems:
-        return problems
+    quotas, problems = _shape(quotas, _QUOTAS, f"{prefix}.", set())
     for key, value in quotas.items():
         if value <= 0:
             problems.append(f"{prefix}.{key}: must be positive, got {value}")
@@ -217,9 +216,7 @@ def _user_problems(name: Any, user: Any, server_max_rank: int, owners: dict[str,
         return []
     if not isinstance(user, dict):
         return [f"{where}: expected a mapping with api_keys and/or quotas, got {type(user).__name__}"]
-    problems = _shape_problems(user, _USER, f"{where}.", {"api_keys", "quotas"})
-    if problems:
-        return problems
+    user, problems = _shape(user, _USER, f"{where}.", {"api_keys", "quotas"})
     problems += _key_problems(name, user.get("api_keys") or [], f"{where}.api_keys", owners)
     return problems + _quota_problems(user.get("quotas") or {}, f"{where}.quotas", server_max_rank, complete=False)
 

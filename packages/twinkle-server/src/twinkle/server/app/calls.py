@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Mapping
 from typing import Any
 
+from twinkle.data_format import validate_input_feature
 from twinkle.errors import ConfigurationError, InvalidInputError, ResourceNotFoundError
 from twinkle.model import AdapterRequest
 from twinkle.server.app.state import ServerState
@@ -38,6 +39,7 @@ def submit_long_call(
 ) -> str:
     """Queue the call and return its future id (the first call's, when the idempotency key repeats)."""
     finish = _prepare(state, user, run_id, method, kwargs)
+    check_features(state, kwargs.get("inputs"))  # a bad batch is the caller's 400 now, not a failed future later
     future, created = state.futures.create(user, method, run_id, idempotency_key)
     if not created:
         return future.id
@@ -73,6 +75,21 @@ def check_method(method: Any) -> str:
     if method not in SHORT_METHODS | LONG_METHODS:
         raise InvalidInputError(f"unknown method {method!r}; callable: {sorted(SHORT_METHODS | LONG_METHODS)}")
     return method
+
+
+def check_features(state: ServerState, inputs: Any) -> None:
+    """Types, token ids and lengths of encoded features (trajectories are checked once encoded, in the job)."""
+    items = [inputs] if isinstance(inputs, Mapping) else inputs
+    if not isinstance(items, list):
+        return
+    limit = state.pool.sampler.max_model_len
+    for index, item in enumerate(items):
+        if isinstance(item, Mapping) and "input_ids" in item:
+            feature = validate_input_feature(item, where=f"inputs[{index}]", vocab_size=state.pool.model.vocab_size)
+            if len(feature["input_ids"]) > limit:
+                raise InvalidInputError(
+                    f"inputs[{index}] has {len(feature['input_ids'])} tokens; the model's context is {limit}"
+                )
 
 
 def count_tokens(inputs: Any) -> int:

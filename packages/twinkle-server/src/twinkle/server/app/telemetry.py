@@ -32,6 +32,10 @@ class Telemetry:
         )  # fmt: skip
         self.pool_used = Gauge("twinkle_pool_adapters", "Adapters resident in the pool", registry=self.registry)
         self.pool_size = Gauge("twinkle_pool_capacity", "Adapter slots in the pool", registry=self.registry)
+        self.pass_requests = Histogram(
+            "twinkle_shared_pass_requests", "Tenants' requests trained together in one shared pass",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=self.registry,
+        )  # fmt: skip
         self.queue_depth = Gauge("twinkle_queue_depth", "Calls waiting in the scheduler", registry=self.registry)
         self.pool_used.set_function(lambda: len(pool.model.adapter_names))
         self.pool_size.set(pool.max_loras)
@@ -48,6 +52,9 @@ class Telemetry:
             self.latency.labels(user, method).observe(seconds)
             if job.tokens:
                 self.tokens.labels(user).inc(job.tokens)
+
+    def observe_pass(self, requests: int) -> None:
+        self.pass_requests.observe(requests)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), "text/plain; version=0.0.4; charset=utf-8"

@@ -47,10 +47,12 @@ class Scheduler:
         run_shared: Callable[[list[AdapterRequest]], list[Any]],
         max_tokens_per_pass: int = 32768,
         observe: Callable[[str, Job, float], None] | None = None,
+        on_pass: Callable[[int], None] | None = None,
     ) -> None:
         self._run_shared = run_shared
         self.max_tokens_per_pass = max_tokens_per_pass
         self._observe = observe or (lambda event, job, seconds: None)
+        self._on_pass = on_pass or (lambda requests: None)
         self._queues: dict[str, deque[Job]] = {}
         self._turn: deque[str] = deque()  # queue keys in round-robin order
         self._cond = threading.Condition()
@@ -138,6 +140,7 @@ class Scheduler:
         if len(batch) == 1 and batch[0].shared is None:
             outcomes = [_outcome(batch[0].run)]
         else:
+            self._on_pass(len(batch))
             try:
                 results = self._run_shared([job.shared for job in batch])  # type: ignore[misc]
                 outcomes = [(result.output, result.error) for result in results]

@@ -130,13 +130,8 @@ class SQLiteStore(Store):
         return _session(row) if row else None
 
     def heartbeat(self, user: str, session_id: str) -> bool:
-        return (
-            self._update(
-                "UPDATE sessions SET last_heartbeat = ? WHERE id = ? AND user = ? AND closed = 0",
-                (self._clock(), session_id, user),
-            )
-            == 1
-        )
+        sql = "UPDATE sessions SET last_heartbeat = ? WHERE id = ? AND user = ? AND closed = 0"
+        return self._update(sql, (self._clock(), session_id, user)) == 1
 
     def close_session(self, user: str, session_id: str) -> list[str] | None:
         with self._tx() as conn:
@@ -190,13 +185,8 @@ class SQLiteStore(Store):
         with self._tx() as conn:
             if session_id is not None and not _open_session(conn, user, session_id):
                 return False
-            return (
-                conn.execute(
-                    "UPDATE runs SET resident = ?, session_id = COALESCE(?, session_id) WHERE id = ? AND user = ?",
-                    (int(resident), session_id, run_id, user),
-                ).rowcount
-                == 1
-            )
+            sql = "UPDATE runs SET resident = ?, session_id = COALESCE(?, session_id) WHERE id = ? AND user = ?"
+            return conn.execute(sql, (int(resident), session_id, run_id, user)).rowcount == 1
 
     def mark_all_runs_nonresident(self) -> int:
         return self._update("UPDATE runs SET resident = 0 WHERE resident = 1")
@@ -216,7 +206,8 @@ class SQLiteStore(Store):
 
     def get_checkpoint(self, user: str, run_id: str, name: str) -> Checkpoint | None:
         row = self._row(
-            "SELECT c.* FROM checkpoints c JOIN runs r ON r.id = c.run_id WHERE c.run_id = ? AND c.name = ? AND r.user = ?",
+            "SELECT c.* FROM checkpoints c JOIN runs r ON r.id = c.run_id "
+            "WHERE c.run_id = ? AND c.name = ? AND r.user = ?",
             (run_id, name, user),
         )
         return _checkpoint(row) if row else None
@@ -229,11 +220,9 @@ class SQLiteStore(Store):
         return [_checkpoint(row) for row in rows]
 
     def delete_checkpoint(self, user: str, run_id: str, name: str) -> bool:
+        owned = "run_id IN (SELECT id FROM runs WHERE user = ?)"
         return (
-            self._update(
-                "DELETE FROM checkpoints WHERE run_id = ? AND name = ? AND run_id IN (SELECT id FROM runs WHERE user = ?)",
-                (run_id, name, user),
-            )
+            self._update(f"DELETE FROM checkpoints WHERE run_id = ? AND name = ? AND {owned}", (run_id, name, user))
             == 1
         )
 
@@ -275,27 +264,18 @@ class SQLiteStore(Store):
         return _future(row) if row else None
 
     def start_future(self, future_id: str) -> bool:
-        return (
-            self._update("UPDATE futures SET status = 'running' WHERE id = ? AND status = 'pending'", (future_id,)) == 1
-        )
+        sql = "UPDATE futures SET status = 'running' WHERE id = ? AND status = 'pending'"
+        return self._update(sql, (future_id,)) == 1
 
     def finish_future(self, future_id: str, result: bytes) -> bool:
-        return (
-            self._update(
-                f"UPDATE futures SET status = 'done', result = ?, finished_at = ? WHERE id = ? AND status IN {_INFLIGHT}",
-                (sqlite3.Binary(result), self._clock(), future_id),
-            )
-            == 1
-        )
+        return self._finish(future_id, "done", "result", sqlite3.Binary(result))
 
     def fail_future(self, future_id: str, error: dict[str, Any]) -> bool:
-        return (
-            self._update(
-                f"UPDATE futures SET status = 'failed', error = ?, finished_at = ? WHERE id = ? AND status IN {_INFLIGHT}",
-                (_json(error, "error"), self._clock(), future_id),
-            )
-            == 1
-        )
+        return self._finish(future_id, "failed", "error", _json(error, "error"))
+
+    def _finish(self, future_id: str, status: str, column: str, value: Any) -> bool:
+        sql = f"UPDATE futures SET status = ?, {column} = ?, finished_at = ? WHERE id = ? AND status IN {_INFLIGHT}"
+        return self._update(sql, (status, value, self._clock(), future_id)) == 1
 
     def mark_inflight_futures_failed(self, reason: str) -> int:
         error = json.dumps({"type": "ServerError", "message": reason})
