@@ -30,7 +30,7 @@ from twinkle.model import peft_adapters
 from twinkle.model.multi_lora_adapters import MultiLoraAdapter, create_adapter
 from twinkle.model.shared_pass import AdapterRequest, AdapterResult, forward_backward_many
 from twinkle.model.train_state import TrainState
-from twinkle.model.training_model import TrainingModel
+from twinkle.model.training_model import TrainingModel, seeded
 from twinkle.module import adapter_rows, remove_adapter
 from twinkle.module.lora_format import read_adapter_dir, write_adapter_dir
 from twinkle.registry import register
@@ -61,8 +61,13 @@ class MultiLoraModel(TrainingModel):
         adapter_name: str,
         config_or_dir: PeftConfig | Mapping[str, Any] | str | Path,
         gradient_accumulation_steps: int = 1,
+        seed: int | None = None,
     ) -> None:
-        """Add a LoRA adapter (a ``LoraConfig``, a dict of its arguments, or a saved adapter directory)."""
+        """Add a LoRA adapter (a ``LoraConfig``, a dict of its arguments, or a saved adapter directory).
+
+        ``seed`` makes the adapter's random initialisation independent of everything else drawn from
+        torch's RNG (the global RNG is left as it was).
+        """
         self._check_new_adapter(adapter_name, gradient_accumulation_steps)
         if len(self._adapters) >= self.max_loras:
             raise ConfigurationError(
@@ -72,7 +77,8 @@ class MultiLoraModel(TrainingModel):
         config = (
             peft_adapters.read_adapter_config(directory) if directory else peft_adapters.as_peft_config(config_or_dir)
         )
-        adapter = create_adapter(self.model, adapter_name, config, self.max_rank)
+        with seeded(seed):
+            adapter = create_adapter(self.model, adapter_name, config, self.max_rank)
         try:
             if directory:
                 adapter.load_state_dict(adapter_name, read_adapter_dir(directory)[1])

@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -97,8 +97,13 @@ class TrainingModel(ABC):
         adapter_name: str,
         config_or_dir: PeftConfig | Mapping[str, Any] | str | Path,
         gradient_accumulation_steps: int = 1,
+        seed: int | None = None,
     ) -> None:
-        """Add a LoRA adapter (a ``LoraConfig``, a dict of its arguments, or a saved adapter directory)."""
+        """Add a LoRA adapter (a ``LoraConfig``, a dict of its arguments, or a saved adapter directory).
+
+        ``seed`` makes the adapter's random initialisation independent of everything else drawn from
+        torch's RNG (the global RNG is left as it was).
+        """
 
     def _check_new_adapter(self, adapter_name: str, gradient_accumulation_steps: int) -> None:
         """Reject a bad name or accumulation count, a taken name, or a model already training all weights."""
@@ -446,3 +451,16 @@ class TrainingModel(ABC):
     ) -> LossOutput:
         device_batch = {k: v.to(self.device) for k, v in batch.items()}
         return checked_loss(state.loss, device_batch, output, normalizer, loss_inputs, weight)
+
+
+@contextmanager
+def seeded(seed: int | None) -> Iterator[None]:
+    """Draw from torch's RNG seeded with ``seed`` inside the block, restoring the global RNG after (no-op for None)."""
+    if seed is None:
+        yield
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigurationError(f"seed must be an int, got {seed!r}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield

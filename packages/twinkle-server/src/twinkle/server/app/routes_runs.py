@@ -43,7 +43,7 @@ async def create_run(request: Request) -> Response:
     if run is None:
         raise ResourceNotFoundError(f"no open session {body.get('session_id')!r}; POST /twinkle/v1/sessions first")
     try:
-        await run_in_threadpool(_add_adapter, state, run)
+        await run_in_threadpool(_add_adapter, state, run, body.get("seed"))
     except Exception:
         state.store.set_resident(user, run.id, False)
         raise
@@ -123,10 +123,11 @@ def _checkpoints(state: ServerState, user: str, run_id: str) -> list[dict[str, A
     ]
 
 
-def _add_adapter(state: ServerState, run: Run) -> None:
+def _add_adapter(state: ServerState, run: Run, seed: int | None = None) -> None:
+    """Create the run's adapter; ``seed`` fixes its initial weights whatever else the server is doing."""
     state.scheduler.call(
         run.id,
-        lambda: state.pool.add_run(run.id, run.lora_config, run.gradient_accumulation_steps),
+        lambda: state.pool.add_run(run.id, run.lora_config, run.gradient_accumulation_steps, seed),
         calls.SHORT_CALL_TIMEOUT_S,
         labels=(run.user, "create_run"),
     )

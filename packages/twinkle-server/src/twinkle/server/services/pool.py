@@ -52,7 +52,9 @@ class ModelPool:
     def resident(self, run_id: str) -> bool:
         return run_id in self.model.adapter_names
 
-    def add_run(self, run_id: str, lora_config: Mapping[str, Any], gradient_accumulation_steps: int = 1) -> None:
+    def add_run(
+        self, run_id: str, lora_config: Mapping[str, Any], gradient_accumulation_steps: int = 1, seed: int | None = None
+    ) -> None:
         if not isinstance(lora_config, Mapping):
             raise InvalidInputError(
                 f"lora_config must be an object of LoraConfig fields, got {type(lora_config).__name__}"
@@ -61,7 +63,7 @@ class ModelPool:
             config = LoraConfig(**lora_config)
         except (TypeError, ValueError) as exc:
             raise InvalidInputError(f"invalid lora_config {dict(lora_config)}: {exc}") from exc
-        self.model.add_adapter_to_model(run_id, config, gradient_accumulation_steps)
+        self.model.add_adapter_to_model(run_id, config, gradient_accumulation_steps, seed=seed)
 
     def remove_run(self, run_id: str) -> None:
         """Free the run's adapter, optimizer and gradients; its checkpoints stay on disk."""
