@@ -62,6 +62,23 @@ def test_load_file_relative_paths_and_overrides(tmp_path, monkeypatch):
     assert flagged.checkpoint_dir == tmp_path / "elsewhere" / "checkpoints"
 
 
+def test_default_rank_quota_is_capped_at_the_servers_max_rank(tmp_path):
+    path = _write(tmp_path, "max_rank: 16\nusers: {alice: {quotas: {max_rank: 8}}}\n")
+    assert check_config(path) == []
+    config = load_config(path)
+    assert config.quotas_for("bob").max_rank == 16 and config.quotas_for("alice").max_rank == 8
+
+
+def test_api_keys_are_checked_when_read(tmp_path):
+    (tmp_path / "keys.yaml").write_text("bob: [short]\n")
+    config = ServerConfig(users={"alice": UserConfig(api_keys=["k" * 20])}, api_keys_file=tmp_path / "keys.yaml")
+    with pytest.raises(ConfigurationError, match=r"api keys of user 'bob'\[0\]: API keys need at least 16 characters"):
+        config.api_keys()
+    (tmp_path / "keys.yaml").write_text(f"bob: [{'k' * 20}]\n")
+    with pytest.raises(ConfigurationError, match=r"key kkkkkkkk\.\.\. is already listed for user 'alice'"):
+        config.api_keys()
+
+
 def test_direct_construction_derives_paths(tmp_path):
     config = ServerConfig(state_dir=tmp_path, database=tmp_path / "x.db")
     assert config.database == tmp_path / "x.db" and config.checkpoint_dir == tmp_path / "checkpoints"
@@ -82,7 +99,6 @@ def test_direct_construction_derives_paths(tmp_path):
         ("quotas: {max_adapters: 1.5}", "quotas.max_adapters: expected int, got float (1.5)"),
         ("quotas: {requests_per_second: 0}", "quotas.requests_per_second: must be positive, got 0"),
         ("quotas: {max_rank: 128}", "quotas.max_rank: 128 exceeds the server's max_rank 64"),
-        ("max_rank: 16", "quotas.max_rank: 64 exceeds the server's max_rank 16"),
         (
             "users: {alice: {quotas: {max_rank: 99}}}",
             "users.alice.quotas.max_rank: 99 exceeds the server's max_rank 64",

@@ -66,19 +66,25 @@ class ServerConfig:
         )
 
     def quotas_for(self, user: str) -> Quotas:
-        """The server-wide defaults with ``user``'s overrides applied."""
+        """The server-wide defaults with ``user``'s overrides applied; a rank quota never exceeds ``max_rank``."""
         overrides = self.users[user].quotas if user in self.users else {}
-        return dataclasses.replace(self.quotas, **overrides)
+        limits = dataclasses.replace(self.quotas, **overrides)
+        return dataclasses.replace(limits, max_rank=min(limits.max_rank, self.max_rank))
 
     def api_keys(self) -> dict[str, list[str]]:
-        """Every configured key per user: inline ``users`` plus ``api_keys_file`` (read now, so edits apply)."""
+        """Every configured key per user: inline ``users`` plus ``api_keys_file`` (read now, so edits apply).
+
+        Raises ConfigurationError if the file is unreadable or a key is too short or listed for two users.
+        """
         keys = {name: list(user.api_keys) for name, user in self.users.items()}
-        if self.api_keys_file is not None:
-            from_file, problems = _read_key_file(self.api_keys_file)
-            if problems:
-                raise ConfigurationError("; ".join(problems))
-            for name, file_keys in from_file.items():
-                keys.setdefault(name, []).extend(file_keys)
+        from_file, problems = _read_key_file(self.api_keys_file) if self.api_keys_file is not None else ({}, [])
+        for name, file_keys in from_file.items():
+            keys.setdefault(name, []).extend(file_keys)
+        owners: dict[str, str] = {}
+        for name, user_keys in keys.items():
+            problems += _key_problems(name, user_keys, f"api keys of user {name!r}", owners)
+        if problems:
+            raise ConfigurationError("; ".join(problems))
         return keys
 
 
@@ -138,6 +144,8 @@ def _read(path: Path) -> tuple[dict[str, Any], Path, list[str]]:
         return {}, base_dir, [f"config file {path} does not exist"]
     try:
         data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, UnicodeDecodeError) as exc:
+        return {}, base_dir, [f"config file {path} cannot be read: {exc}"]
     except yaml.YAMLError as exc:
         return {}, base_dir, [f"config file {path} is not valid YAML: {exc}"]
     if not isinstance(data, dict):
@@ -156,7 +164,7 @@ def _problems(data: dict[str, Any], base_dir: Path) -> list[str]:
     for key in ("max_loras", "max_rank", "session_timeout_s"):
         if merged[key] <= 0:
             problems.append(f"{key}: must be positive, got {merged[key]}")
-    problems += _quota_problems(data.get("quotas") or {}, "quotas", merged["max_rank"], complete=True)
+    problems += _quota_problems(data.get("quotas") or {}, "quotas", merged["max_rank"])
     owners: dict[str, str] = {}
     for name, user in (data.get("users") or {}).items():
         problems += _user_problems(name, user, merged["max_rank"], owners)
@@ -195,12 +203,13 @@ def _is_type(value: Any, expected: type) -> bool:
     return isinstance(value, expected)
 
 
-def _quota_problems(quotas: dict[str, Any], prefix: str, server_max_rank: int, complete: bool) -> list[str]:
+def _quota_problems(quotas: dict[str, Any], prefix: str, server_max_rank: int) -> list[str]:
+    """An unset rank needs no check: ``quotas_for`` caps the default rank quota at the server's ``max_rank``."""
     quotas, problems = _shape(quotas, _QUOTAS, f"{prefix}.", set())
     for key, value in quotas.items():
         if value <= 0:
             problems.append(f"{prefix}.{key}: must be positive, got {value}")
-    rank = quotas.get("max_rank", Quotas.max_rank if complete else None)
+    rank = quotas.get("max_rank")
     if rank is not None and rank > server_max_rank:
         problems.append(f"{prefix}.max_rank: {rank} exceeds the server's max_rank {server_max_rank}")
     return problems
@@ -218,7 +227,7 @@ def _user_problems(name: Any, user: Any, server_max_rank: int, owners: dict[str,
         return [f"{where}: expected a mapping with api_keys and/or quotas, got {type(user).__name__}"]
     user, problems = _shape(user, _USER, f"{where}.", {"api_keys", "quotas"})
     problems += _key_problems(name, user.get("api_keys") or [], f"{where}.api_keys", owners)
-    return problems + _quota_problems(user.get("quotas") or {}, f"{where}.quotas", server_max_rank, complete=False)
+    return problems + _quota_problems(user.get("quotas") or {}, f"{where}.quotas", server_max_rank)
 
 
 def _key_problems(user: str, keys: list[Any], where: str, owners: dict[str, str]) -> list[str]:
@@ -243,6 +252,8 @@ def _read_key_file(path: Path) -> tuple[dict[str, list[str]], list[str]]:
         return {}, [f"{where}: file does not exist"]
     try:
         data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, UnicodeDecodeError) as exc:
+        return {}, [f"{where}: cannot be read: {exc}"]
     except yaml.YAMLError as exc:
         return {}, [f"{where}: not valid YAML/JSON: {exc}"]
     if not isinstance(data, dict):
@@ -271,13 +282,12 @@ def _build(data: dict[str, Any], base_dir: Path) -> ServerConfig:
     for key in _PATHS:
         if values.get(key) is not None:
             values[key] = _resolve(values[key], base_dir)
-    values["quotas"] = _typed_quotas(values.get("quotas") or {})
+    values["quotas"] = Quotas(**_typed_quotas(values.get("quotas") or {}))
     values["users"] = {
         str(name): UserConfig(list((user or {}).get("api_keys") or []), _typed_quotas((user or {}).get("quotas") or {}))
         for name, user in (values.get("users") or {}).items()
     }
     values["session_timeout_s"] = float(values.get("session_timeout_s", ServerConfig.session_timeout_s))
-    values["quotas"] = Quotas(**values["quotas"])
     return ServerConfig(**values)
 
 

@@ -53,16 +53,13 @@ async def create_run(request: Request) -> Response:
 @router.get("/runs")
 async def list_runs(request: Request) -> Response:
     user, state = caller(request), server(request)
-    return reply(request, {"runs": [run.to_dict() for run in state.store.list_runs(user)]})
+    return reply(request, {"runs": [_listing(state, run) for run in state.store.list_runs(user)]})
 
 
 @router.get("/runs/{run_id}")
 async def get_run(run_id: str, request: Request) -> Response:
     user, state = caller(request), server(request)
-    run = owned_run(state, user, run_id)
-    listing = run.to_dict()
-    listing["checkpoints"] = _checkpoints(state, user, run_id)
-    return reply(request, listing)
+    return reply(request, _listing(state, owned_run(state, user, run_id)))
 
 
 @router.post("/runs/{run_id}/resume")
@@ -113,6 +110,12 @@ async def delete_checkpoint(run_id: str, name: str, request: Request) -> Respons
     owned_run(state, user, run_id)
     await run_in_threadpool(calls.delete_checkpoint, state, user, run_id, name)
     return reply(request, {})
+
+
+def _listing(state: ServerState, run: Run) -> dict[str, Any]:
+    listing = run.to_dict()
+    listing["checkpoints"] = _checkpoints(state, run.user, run.id)
+    return listing
 
 
 def _checkpoints(state: ServerState, user: str, run_id: str) -> list[dict[str, Any]]:

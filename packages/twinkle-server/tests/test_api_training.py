@@ -1,0 +1,147 @@
+"""Training through the server equals training in-process, across tenants batched together and restarts."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from peft import LoraConfig
+
+from twinkle.data_format import IGNORE_INDEX, make_input_feature
+from twinkle.model import MultiLoraModel
+from twinkle.server.app import create_app
+from twinkle.server.auth import issue_api_key
+from twinkle.server.config import Quotas, ServerConfig
+from twinkle.server.store import SQLiteStore
+
+API = "/twinkle/v1"
+TENANTS = {"ann": {"r": 2, "target_modules": ["q_proj", "v_proj"]}, "ben": {"r": 8, "target_modules": "all-linear"}}
+STEPS = 3
+
+
+def _features(seed: int, count: int) -> list[dict]:
+    generator = torch.Generator().manual_seed(seed)
+    features = []
+    for length in range(8, 8 + count):
+        ids = torch.randint(0, 5000, (length,), generator=generator).tolist()
+        features.append(make_input_feature(ids, [IGNORE_INDEX] * 4 + ids[4:]))
+    return features
+
+
+def _start(state_dir, users=tuple(TENANTS)):
+    config = ServerConfig(state_dir=state_dir, quotas=Quotas(requests_per_second=1000.0))
+    store = SQLiteStore(config.database)
+    keys = {}
+    for user in users:
+        if store.get_user(user) is None:
+            store.add_user(user)
+        keys[user] = {"X-API-Key": issue_api_key(store, user)}
+    return TestClient(create_app(config, store), raise_server_exceptions=False), keys
+
+
+def _wait(client, headers, future_id):
+    while True:
+        reply = client.get(f"{API}/futures/{future_id}", params={"wait": 30}, headers=headers).json()
+        if reply["status"] != "pending":
+            assert reply["status"] == "done", reply
+            return reply["result"]
+
+
+def _call(client, headers, run_id, method, **kwargs):
+    reply = client.post(f"{API}/runs/{run_id}/call", headers=headers, json={"method": method, "kwargs": kwargs})
+    assert reply.status_code == 200, reply.json()
+    body = reply.json()
+    return _wait(client, headers, body["future_id"]) if "future_id" in body else body["result"]
+
+
+def _train_remotely(client, headers, user, losses):
+    session = client.post(f"{API}/sessions", headers=headers, json={}).json()["session_id"]
+    body = {"session_id": session, "lora_config": TENANTS[user], "seed": 7}
+    run_id = client.post(f"{API}/runs", headers=headers, json=body).json()["run_id"]
+    _call(client, headers, run_id, "set_optimizer", optimizer_cls="AdamW", lr=1e-2)
+    for step in range(STEPS):
+        output = _call(client, headers, run_id, "forward_backward", inputs=_features(step, 3 if user == "ann" else 2))
+        losses.append(output["loss"])
+        _call(client, headers, run_id, "clip_grad_and_step")
+    _call(client, headers, run_id, "save", name="final")
+    return run_id
+
+
+def _train_in_process(user):
+    model = MultiLoraModel(device="cpu")
+    model.add_adapter_to_model(user, LoraConfig(**TENANTS[user]), seed=7)
+    model.set_optimizer("AdamW", adapter_name=user, lr=1e-2)
+    losses = []
+    for step in range(STEPS):
+        losses.append(model.forward_backward(_features(step, 3 if user == "ann" else 2), adapter_name=user).loss)
+        model.clip_grad_and_step(adapter_name=user)
+    return losses, model.lora_payload(user)[1]
+
+
+def test_concurrent_tenants_train_exactly_as_they_would_alone(tmp_path):
+    client, keys = _start(tmp_path)
+    with client:
+        losses = {user: [] for user in TENANTS}
+        runs = {}
+        threads = [
+            threading.Thread(target=lambda u=user: runs.__setitem__(u, _train_remotely(client, keys[u], u, losses[u])))
+            for user in TENANTS
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        metrics = client.get("/metrics").text
+    assert "twinkle_shared_pass_requests_count" in metrics
+    for user, run_id in runs.items():
+        expected_losses, expected_weights = _train_in_process(user)
+        assert losses[user] == pytest.approx(expected_losses, abs=1e-5)
+        from safetensors.torch import load_file
+
+        saved = load_file(str(tmp_path / "checkpoints" / user / run_id / "final" / "adapter_model.safetensors"))
+        for key, tensor in expected_weights.items():
+            torch.testing.assert_close(saved[key], tensor.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_after_a_restart_runs_and_checkpoints_are_listed_and_resume(tmp_path):
+    feature = _features(99, 2)
+    client, keys = _start(tmp_path, ("ann",))
+    headers = keys["ann"]
+    with client:
+        run_id = _train_remotely(client, headers, "ann", [])
+        before = _call(client, headers, run_id, "forward_only", inputs=feature)["loss"]
+        pending, _ = client.app.state.server.store.create_future("ann", "forward_backward", run_id=run_id)
+
+    client, keys = _start(tmp_path, ("ann",))
+    headers = keys["ann"]
+    with client:
+        (run,) = client.get(f"{API}/runs", headers=headers).json()["runs"]
+        assert run["run_id"] == run_id and run["resident"] is False
+        assert [c["name"] for c in run["checkpoints"]] == ["final"]
+        lost = client.get(f"{API}/futures/{pending.id}", headers=headers).json()
+        assert lost["status"] == "failed" and "restarted" in lost["error"]["message"]
+        reply = client.post(f"{API}/runs/{run_id}/call", headers=headers, json={"method": "forward_only", "kwargs": {}})
+        assert reply.status_code == 409 and "resume it first" in reply.json()["error"]["message"]
+
+        session = client.post(f"{API}/sessions", headers=headers, json={}).json()["session_id"]
+        assert (
+            client.post(f"{API}/runs/{run_id}/resume", headers=headers, json={"session_id": session}).status_code == 200
+        )
+        _call(client, headers, run_id, "load", path=f"twinkle://{run_id}/final")
+        assert _call(client, headers, run_id, "forward_only", inputs=feature)["loss"] == pytest.approx(before, abs=1e-6)
+
+
+def test_closing_a_session_frees_its_adapters_and_keeps_checkpoints(tmp_path):
+    client, keys = _start(tmp_path, ("ann",))
+    headers = keys["ann"]
+    with client:
+        run_id = _train_remotely(client, headers, "ann", [])
+        pool = client.app.state.server.pool
+        assert run_id in pool.model.adapter_names
+        session = client.get(f"{API}/runs/{run_id}", headers=headers).json()
+        sessions = client.app.state.server.store.list_runs("ann")[0].session_id
+        assert client.delete(f"{API}/sessions/{sessions}", headers=headers).status_code == 200
+        assert run_id not in pool.model.adapter_names and session["checkpoints"]
+        assert client.get(f"{API}/runs/{run_id}/checkpoints", headers=headers).json()["checkpoints"]
