@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from twinkle.errors import ConfigurationError
-from twinkle.server.config import Quotas, ServerConfig, check_config, load_config
+from twinkle.server.config import Quotas, ServerConfig, UserConfig, check_config, load_config
 
 GOOD = """
 model_id: builtin://qwen3-tiny

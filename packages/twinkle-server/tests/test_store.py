@@ -42,10 +42,13 @@ def test_schema_is_versioned_and_wal(tmp_path):
         SQLiteStore(path)
 
 
-def test_unopenable_database_names_the_path(tmp_path):
+def test_unusable_database_names_the_path(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigurationError, match=r"cannot open the server database .*file/twinkle\.db"):
         SQLiteStore(tmp_path / "file" / "twinkle.db")
+    (tmp_path / "text.db").write_text("not a database, just text that is long enough to have a header" * 20)
+    with pytest.raises(ConfigurationError, match=r"cannot use the server database .*text\.db: file is not a database"):
+        SQLiteStore(tmp_path / "text.db")
 
 
 def test_users_are_idempotent_and_validated(store):

@@ -82,6 +82,7 @@ def migrate(conn: sqlite3.Connection) -> int:
         conn.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
     return len(MIGRATIONS)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from twinkle.errors import ConfigurationError, InvalidInputError, ResourceNotFoundError
+from twinkle.server.store import rows
 from twinkle.server.store.base import (
     INFLIGHT_STATUSES,
     Checkpoint,
@@ -47,13 +48,19 @@ class SQLiteStore(Store):
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as exc:
+            raise ConfigurationError(f"cannot open the server database {self.path}: {exc}") from exc
+        try:
             self._conn.row_factory = sqlite3.Row
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a power cut may lose, never corrupt
             self._conn.execute("PRAGMA foreign_keys=ON")
             migrate(self._conn)
-        except (OSError, sqlite3.Error) as exc:
-            raise ConfigurationError(f"cannot open the server database {self.path}: {exc}") from exc
+        except BaseException as exc:
+            self._conn.close()
+            if isinstance(exc, sqlite3.Error):  # e.g. the file is not a database
+                raise ConfigurationError(f"cannot use the server database {self.path}: {exc}") from exc
+            raise
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -62,7 +69,8 @@ class SQLiteStore(Store):
             try:
                 yield self._conn
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:  # some errors (disk full) already rolled back
+                    self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
 
@@ -71,8 +79,8 @@ class SQLiteStore(Store):
             return self._conn.execute(sql, params).fetchall()
 
     def _row(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
-        rows = self._rows(sql, params)
-        return rows[0] if rows else None
+        found = self._rows(sql, params)
+        return found[0] if found else None
 
     def _update(self, sql: str, params: Sequence[Any] = ()) -> int:
         with self._tx() as conn:
@@ -83,11 +91,11 @@ class SQLiteStore(Store):
         check_user_name(name)
         with self._tx() as conn:
             conn.execute("INSERT OR IGNORE INTO users VALUES (?, ?)", (name, self._clock()))
-            return _user(conn.execute("SELECT * FROM users WHERE name = ?", (name,)).fetchone())
+            return rows.user(conn.execute("SELECT * FROM users WHERE name = ?", (name,)).fetchone())
 
     def get_user(self, name: str) -> User | None:
         row = self._row("SELECT * FROM users WHERE name = ?", (name,))
-        return _user(row) if row else None
+        return rows.user(row) if row else None
 
     def add_api_key(self, user: str, key_hash: str, prefix: str, source: KeySource = "cli") -> None:
         with self._tx() as conn:
@@ -127,7 +135,7 @@ class SQLiteStore(Store):
 
     def get_session(self, user: str, session_id: str) -> Session | None:
         row = self._row("SELECT * FROM sessions WHERE id = ? AND user = ?", (session_id, user))
-        return _session(row) if row else None
+        return rows.session(row) if row else None
 
     def heartbeat(self, user: str, session_id: str) -> bool:
         sql = "UPDATE sessions SET last_heartbeat = ? WHERE id = ? AND user = ? AND closed = 0"
@@ -138,15 +146,15 @@ class SQLiteStore(Store):
             if conn.execute("SELECT 1 FROM sessions WHERE id = ? AND user = ?", (session_id, user)).fetchone() is None:
                 return None
             conn.execute("UPDATE sessions SET closed = 1 WHERE id = ?", (session_id,))
-            rows = conn.execute(
+            found = conn.execute(
                 "SELECT id FROM runs WHERE session_id = ? AND resident = 1 ORDER BY created_at", (session_id,)
             ).fetchall()
             conn.execute("UPDATE runs SET resident = 0 WHERE session_id = ?", (session_id,))
-        return [row["id"] for row in rows]
+        return [row["id"] for row in found]
 
     def stale_sessions(self, heartbeat_before: float) -> list[Session]:
-        rows = self._rows("SELECT * FROM sessions WHERE closed = 0 AND last_heartbeat < ?", (heartbeat_before,))
-        return [_session(row) for row in rows]
+        found = self._rows("SELECT * FROM sessions WHERE closed = 0 AND last_heartbeat < ?", (heartbeat_before,))
+        return [rows.session(row) for row in found]
 
     # runs
     def create_run(
@@ -156,7 +164,7 @@ class SQLiteStore(Store):
             raise InvalidInputError(f"gradient_accumulation_steps must be an int, got {gradient_accumulation_steps!r}")
         if gradient_accumulation_steps < 1:
             raise InvalidInputError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}")
-        config_json = _json(lora_config, "lora_config")
+        config_json = rows.to_json(lora_config, "lora_config")
         run = Run(
             new_id("run"), user, session_id, json.loads(config_json), gradient_accumulation_steps, self._clock(), True
         )
@@ -171,11 +179,11 @@ class SQLiteStore(Store):
 
     def get_run(self, user: str, run_id: str) -> Run | None:
         row = self._row("SELECT * FROM runs WHERE id = ? AND user = ?", (run_id, user))
-        return _run(row) if row else None
+        return rows.run(row) if row else None
 
     def list_runs(self, user: str) -> list[Run]:
         return [
-            _run(row) for row in self._rows("SELECT * FROM runs WHERE user = ? ORDER BY created_at, rowid", (user,))
+            rows.run(row) for row in self._rows("SELECT * FROM runs WHERE user = ? ORDER BY created_at, rowid", (user,))
         ]
 
     def count_resident_runs(self, user: str) -> int:
@@ -195,7 +203,7 @@ class SQLiteStore(Store):
     def add_checkpoint(self, user: str, run_id: str, name: str, path: str) -> Checkpoint | None:
         checkpoint = Checkpoint(run_id, name, str(path), self._clock())
         with self._tx() as conn:
-            if conn.execute("SELECT 1 FROM runs WHERE id = ? AND user = ?", (run_id, user)).fetchone() is None:
+            if not _owns_run(conn, user, run_id):
                 return None
             conn.execute(
                 "INSERT INTO checkpoints VALUES (?, ?, ?, ?) "
@@ -210,21 +218,18 @@ class SQLiteStore(Store):
             "WHERE c.run_id = ? AND c.name = ? AND r.user = ?",
             (run_id, name, user),
         )
-        return _checkpoint(row) if row else None
+        return rows.checkpoint(row) if row else None
 
     def list_checkpoints(self, user: str, run_id: str) -> list[Checkpoint] | None:
         with self._lock:
-            if self._row("SELECT 1 FROM runs WHERE id = ? AND user = ?", (run_id, user)) is None:
+            if not _owns_run(self._conn, user, run_id):
                 return None
-            rows = self._rows("SELECT * FROM checkpoints WHERE run_id = ? ORDER BY created_at, rowid", (run_id,))
-        return [_checkpoint(row) for row in rows]
+            found = self._rows("SELECT * FROM checkpoints WHERE run_id = ? ORDER BY created_at, rowid", (run_id,))
+        return [rows.checkpoint(row) for row in found]
 
     def delete_checkpoint(self, user: str, run_id: str, name: str) -> bool:
-        owned = "run_id IN (SELECT id FROM runs WHERE user = ?)"
-        return (
-            self._update(f"DELETE FROM checkpoints WHERE run_id = ? AND name = ? AND {owned}", (run_id, name, user))
-            == 1
-        )
+        sql = "DELETE FROM checkpoints WHERE run_id = ? AND name = ? AND run_id IN (SELECT id FROM runs WHERE user = ?)"
+        return self._update(sql, (run_id, name, user)) == 1
 
     # futures
     def create_future(
@@ -236,10 +241,7 @@ class SQLiteStore(Store):
         future_id: str | None = None,
     ) -> tuple[Future, bool]:
         with self._tx() as conn:
-            if (
-                run_id is not None
-                and not conn.execute("SELECT 1 FROM runs WHERE id = ? AND user = ?", (run_id, user)).fetchone()
-            ):
+            if run_id is not None and not _owns_run(conn, user, run_id):
                 raise ResourceNotFoundError(f"run {run_id!r} not found")
             if idempotency_key is not None:
                 row = conn.execute(
@@ -248,7 +250,7 @@ class SQLiteStore(Store):
                     (user, run_id, idempotency_key),
                 ).fetchone()
                 if row is not None:
-                    return _future(row), False
+                    return rows.future(row), False
             future = Future(
                 future_id or new_id("fut"), user, run_id, method, "pending", None, None, self._clock(), None
             )
@@ -261,7 +263,7 @@ class SQLiteStore(Store):
 
     def get_future(self, user: str, future_id: str) -> Future | None:
         row = self._row("SELECT * FROM futures WHERE id = ? AND user = ?", (future_id, user))
-        return _future(row) if row else None
+        return rows.future(row) if row else None
 
     def start_future(self, future_id: str) -> bool:
         sql = "UPDATE futures SET status = 'running' WHERE id = ? AND status = 'pending'"
@@ -271,7 +273,7 @@ class SQLiteStore(Store):
         return self._finish(future_id, "done", "result", sqlite3.Binary(result))
 
     def fail_future(self, future_id: str, error: dict[str, Any]) -> bool:
-        return self._finish(future_id, "failed", "error", _json(error, "error"))
+        return self._finish(future_id, "failed", "error", rows.to_json(error, "error"))
 
     def _finish(self, future_id: str, status: str, column: str, value: Any) -> bool:
         sql = f"UPDATE futures SET status = ?, {column} = ?, finished_at = ? WHERE id = ? AND status IN {_INFLIGHT}"
@@ -292,53 +294,10 @@ class SQLiteStore(Store):
             self._conn.close()
 
 
+def _owns_run(conn: sqlite3.Connection, user: str, run_id: str) -> bool:
+    return conn.execute("SELECT 1 FROM runs WHERE id = ? AND user = ?", (run_id, user)).fetchone() is not None
+
+
 def _open_session(conn: sqlite3.Connection, user: str, session_id: str) -> bool:
     query = "SELECT 1 FROM sessions WHERE id = ? AND user = ? AND closed = 0"
     return conn.execute(query, (session_id, user)).fetchone() is not None
-
-
-def _json(value: Any, what: str) -> str:
-    try:
-        return json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"{what} must be JSON-serialisable: {exc}") from exc
-
-
-def _user(row: sqlite3.Row) -> User:
-    return User(row["name"], row["created_at"])
-
-
-def _session(row: sqlite3.Row) -> Session:
-    return Session(row["id"], row["user"], row["created_at"], row["last_heartbeat"], bool(row["closed"]))
-
-
-def _run(row: sqlite3.Row) -> Run:
-    return Run(
-        row["id"],
-        row["user"],
-        row["session_id"],
-        json.loads(row["lora_config"]),
-        row["gradient_accumulation_steps"],
-        row["created_at"],
-        bool(row["resident"]),
-    )
-
-
-def _checkpoint(row: sqlite3.Row) -> Checkpoint:
-    return Checkpoint(row["run_id"], row["name"], row["path"], row["created_at"])
-
-
-def _future(row: sqlite3.Row) -> Future:
-    error = json.loads(row["error"]) if row["error"] is not None else None
-    result = bytes(row["result"]) if row["result"] is not None else None
-    return Future(
-        row["id"],
-        row["user"],
-        row["run_id"],
-        row["method"],
-        row["status"],
-        result,
-        error,
-        row["created_at"],
-        row["finished_at"],
-    )
