@@ -38,7 +38,7 @@ def test_schema_is_versioned_and_wal(tmp_path):
     conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
     conn.commit()
     conn.close()
-    with pytest.raises(ConfigurationError, match=r"schema version 2 is newer .* upgrade twinkle-server"):
+    with pytest.raises(ConfigurationError, match=rf"schema version {len(MIGRATIONS) + 1} is newer .* upgrade"):
         SQLiteStore(path)
 
 
@@ -262,3 +262,22 @@ def test_concurrent_writes_from_threads_and_a_second_connection(tmp_path):
     assert store.count_resident_runs("alice") == 200
     store.close()
     other_process.close()
+
+
+def test_a_version_1_database_upgrades_in_place_and_keeps_its_runs(tmp_path):
+    from twinkle.server.store.schema import MIGRATIONS
+
+    path = tmp_path / "twinkle.db"
+    conn = sqlite3.connect(path)
+    for statement in MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("INSERT INTO users VALUES ('alice', 0)")
+    conn.execute("INSERT INTO sessions VALUES ('ses-1', 'alice', 0, 0, 0)")
+    conn.execute("""INSERT INTO runs VALUES ('run-1', 'alice', 'ses-1', '{"r": 4}', 1, 0, 1)""")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(path)
+    (run,) = store.list_runs("alice")
+    assert run.lora_config == {"r": 4} and run.base_model is None
+    store.close()

@@ -107,19 +107,14 @@ async def sample(request: Request) -> Response:
 @api.post("/datasets")
 async def create_dataset(request: Request) -> Response:
     user, body, state = caller(request), await read_body(request), server(request)
-    handle, length = await run_in_threadpool(
-        state.data.create_dataset, user, body.get("dataset_id"), body.get("split"), body.get("steps", [])
-    )
+    handle, length = await run_in_threadpool(state.data.create_dataset, user, body)
     return reply(request, {"handle": handle, "length": length})
 
 
 @api.post("/dataloaders")
 async def create_dataloader(request: Request) -> Response:
     user, body, state = caller(request), await read_body(request), server(request)
-    handle, length = await run_in_threadpool(
-        state.data.create_dataloader, user, body.get("dataset"), body.get("batch_size"), body.get("shuffle", False),
-        body.get("seed", 42),
-    )  # fmt: skip
+    handle, length = await run_in_threadpool(state.data.create_dataloader, user, body)
     return reply(request, {"handle": handle, "length": length})
 
 

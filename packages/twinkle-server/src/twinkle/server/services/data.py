@@ -21,7 +21,9 @@ from twinkle.registry import build
 from twinkle.server.services.components import check_component_name
 
 ALLOWED_SCHEMES = ("builtin://", "hf://", "ms://")
-_STEPS = ("set_template", "map", "encode", "shuffle", "select")
+_STEPS = ("set_template", "map", "encode", "filter", "shuffle", "select")
+# Step arguments that name a component, and the registry kind each is built from.
+_COMPONENT_ARGUMENTS = {"template": "template", "preprocessor": "preprocessor", "predicate": "preprocessor"}
 
 
 @dataclass
@@ -41,7 +43,9 @@ class DataHandles:
         self._loaders: dict[str, _Loader] = {}
         self._lock = threading.Lock()
 
-    def create_dataset(self, user: str, dataset_id: Any, split: Any, steps: Any) -> tuple[str, int]:
+    def create_dataset(self, user: str, body: Mapping[str, Any]) -> tuple[str, int]:
+        """A dataset from ``{"dataset_id", "split", "subset_name", "data_slice", "steps"}`` (see the module doc)."""
+        dataset_id, steps = body.get("dataset_id"), body.get("steps", [])
         if not isinstance(dataset_id, str) or not dataset_id.startswith(ALLOWED_SCHEMES):
             raise PermissionDeniedError(
                 f"dataset_id must be a hub id starting with one of {ALLOWED_SCHEMES}, got {dataset_id!r}; "
@@ -49,7 +53,13 @@ class DataHandles:
             )
         if not isinstance(steps, Sequence) or isinstance(steps, (str, bytes)):
             raise InvalidInputError(f"steps must be a list of {{'op', 'kwargs'}} objects, got {type(steps).__name__}")
-        dataset = Dataset(DatasetMeta(dataset_id, split=split or "train"))
+        meta = DatasetMeta(
+            dataset_id,
+            subset_name=body.get("subset_name"),
+            split=body.get("split") or "train",
+            data_slice=_data_slice(body.get("data_slice")),
+        )
+        dataset = Dataset(meta)
         for index, step in enumerate(steps):
             self._apply(dataset, step, index)
         handle = f"ds-{secrets.token_urlsafe(12)}"
@@ -57,9 +67,17 @@ class DataHandles:
             self._datasets[handle] = (user, dataset)
         return handle, len(dataset)
 
-    def create_dataloader(self, user: str, dataset: str, batch_size: Any, shuffle: Any, seed: Any) -> tuple[str, int]:
-        source = self._owned(self._datasets, dataset, user, "dataset")[1]
-        loader = DataLoader(dataset=source, batch_size=batch_size, shuffle=bool(shuffle), seed=seed)
+    def create_dataloader(self, user: str, body: Mapping[str, Any]) -> tuple[str, int]:
+        """A dataloader from ``{"dataset": handle, "batch_size", "shuffle", "seed", "min_batch_size", "drop_last"}``."""
+        source = self._owned(self._datasets, body.get("dataset"), user, "dataset")[1]
+        loader = DataLoader(
+            dataset=source,
+            batch_size=body.get("batch_size"),
+            min_batch_size=body.get("min_batch_size"),
+            shuffle=bool(body.get("shuffle", False)),
+            seed=body.get("seed", 42),
+            drop_last=bool(body.get("drop_last", False)),
+        )
         handle = f"dl-{secrets.token_urlsafe(12)}"
         with self._lock:
             self._loaders[handle] = _Loader(user, loader)
@@ -91,16 +109,20 @@ class DataHandles:
         if not isinstance(step, Mapping) or step.get("op") not in _STEPS:
             raise InvalidInputError(f"steps[{index}] must be {{'op': one of {list(_STEPS)}, 'kwargs': {{...}}}}")
         op, kwargs = step["op"], dict(step.get("kwargs") or {})
-        if op == "set_template":
-            check_component_name(kwargs.get("template", "Template"), f"steps[{index}] template")
-            kwargs["model_id"] = self.model_id  # the server's own model, whatever the client says
-            dataset.set_template(kwargs.pop("template", "Template"), **kwargs)
-        elif op == "map":
-            name = check_component_name(kwargs.pop("name", None), f"steps[{index}].kwargs.name")
-            component = build("preprocessor", name, **kwargs.pop("init", {}))
-            dataset.map(component, **kwargs)
-        else:
-            getattr(dataset, op)(**kwargs)
+        for argument, kind in _COMPONENT_ARGUMENTS.items():
+            if argument in kwargs:
+                kwargs[argument] = self._component(kind, kwargs[argument], f"steps[{index}].kwargs.{argument}")
+        getattr(dataset, op)(**kwargs)
+
+    def _component(self, kind: str, spec: Any, where: str) -> Any:
+        """A registered component from ``{"name", "kwargs"}``; templates always use the server's own model."""
+        if not isinstance(spec, Mapping):
+            raise InvalidInputError(f"{where} must be {{'name': <registered name>, 'kwargs': {{...}}}}")
+        name = check_component_name(spec.get("name"), f"{where}.name")
+        kwargs = dict(spec.get("kwargs") or {})
+        if kind == "template":
+            kwargs["model_id"] = self.model_id
+        return build(kind, name, **kwargs)
 
     def _owned(self, table: dict[str, Any], handle: str, user: str, what: str) -> Any:
         with self._lock:
@@ -108,6 +130,13 @@ class DataHandles:
         if entry is None or _owner(entry) != user:
             raise ResourceNotFoundError(f"no {what} {handle!r}")
         return entry
+
+
+def _data_slice(value: Any) -> Any:
+    """``{"start", "stop", "step"}`` as a slice, a list of indices as it is."""
+    if isinstance(value, Mapping):
+        return slice(value.get("start"), value.get("stop"), value.get("step"))
+    return value
 
 
 def _owner(entry: Any) -> str:

@@ -67,15 +67,20 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class Run:
-    """A LoRA training run; ``resident`` says whether its adapter is in the model's pool right now."""
+    """A training run; ``resident`` says whether its adapter (or model) is loaded right now.
+
+    ``lora_config`` is None for a run that trains every weight; ``base_model`` is the
+    ``twinkle://`` checkpoint a run starts from, None for the server's base model.
+    """
 
     id: str
     user: str
     session_id: str
-    lora_config: dict[str, Any]
+    lora_config: dict[str, Any] | None
     gradient_accumulation_steps: int
     created_at: float
     resident: bool
+    base_model: str | None = None
 
     def to_dict(self, checkpoints: Sequence[Checkpoint] = ()) -> dict[str, Any]:
         """The wire form of ``GET /runs/{run_id}``."""
@@ -83,6 +88,7 @@ class Run:
             "run_id": self.id,
             "user": self.user,
             "lora_config": self.lora_config,
+            "base_model": self.base_model,
             "created_at": self.created_at,
             "resident": self.resident,
             "checkpoints": [checkpoint.to_dict() for checkpoint in checkpoints],
@@ -151,7 +157,12 @@ class Store(ABC):
     # runs
     @abstractmethod
     def create_run(
-        self, user: str, session_id: str, lora_config: dict[str, Any], gradient_accumulation_steps: int = 1
+        self,
+        user: str,
+        session_id: str,
+        lora_config: dict[str, Any] | None,
+        gradient_accumulation_steps: int = 1,
+        base_model: str | None = None,
     ) -> Run | None:
         """A new resident run; None when ``session_id`` is not an open session of ``user``."""
 

@@ -34,6 +34,7 @@ def run(row: sqlite3.Row) -> Run:
         row["gradient_accumulation_steps"],
         row["created_at"],
         bool(row["resident"]),
+        row["base_model"],
     )
 
 

@@ -59,6 +59,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE UNIQUE INDEX futures_idempotency ON futures(user, COALESCE(run_id, ''), idempotency_key)
             WHERE idempotency_key IS NOT NULL""",
     ),
+    # Runs that train every weight (lora_config null) or start from a tenant's own checkpoint.
+    ("ALTER TABLE runs ADD COLUMN base_model TEXT",),
 )
 
 

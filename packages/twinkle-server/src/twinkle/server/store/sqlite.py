@@ -158,7 +158,12 @@ class SQLiteStore(Store):
 
     # runs
     def create_run(
-        self, user: str, session_id: str, lora_config: dict[str, Any], gradient_accumulation_steps: int = 1
+        self,
+        user: str,
+        session_id: str,
+        lora_config: dict[str, Any] | None,
+        gradient_accumulation_steps: int = 1,
+        base_model: str | None = None,
     ) -> Run | None:
         if isinstance(gradient_accumulation_steps, bool) or not isinstance(gradient_accumulation_steps, int):
             raise InvalidInputError(f"gradient_accumulation_steps must be an int, got {gradient_accumulation_steps!r}")
@@ -166,14 +171,21 @@ class SQLiteStore(Store):
             raise InvalidInputError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}")
         config_json = rows.to_json(lora_config, "lora_config")
         run = Run(
-            new_id("run"), user, session_id, json.loads(config_json), gradient_accumulation_steps, self._clock(), True
+            new_id("run"),
+            user,
+            session_id,
+            json.loads(config_json),
+            gradient_accumulation_steps,
+            self._clock(),
+            True,
+            base_model,
         )
         with self._tx() as conn:
             if not _open_session(conn, user, session_id):
                 return None
             conn.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, 1)",
-                (run.id, user, session_id, config_json, gradient_accumulation_steps, run.created_at),
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, 1, ?)",
+                (run.id, user, session_id, config_json, gradient_accumulation_steps, run.created_at, base_model),
             )
         return run
 

@@ -1,0 +1,123 @@
+import pytest
+
+from twinkle.data_format import SampledSequence, SampleResponse, SamplingParams
+from twinkle.errors import ConfigurationError, InvalidInputError
+from twinkle_client import LoraConfig
+from twinkle_client.checkpoint_engine import CheckpointEngineManager
+from twinkle_client.model import TransformersModel
+from twinkle_client.sampler import TorchSampler, vLLMSampler
+from twinkle_client.template import Template
+
+PROMPTS = [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}]
+
+
+def test_sampling_with_a_named_adapter_uses_its_run(client, server):
+    model = TransformersModel()
+    model.add_adapter_to_model("default", LoraConfig(r=4))
+    sampler = TorchSampler(model_id="builtin://qwen3-tiny")
+    sampler.set_template("Template", enable_thinking=False)
+    response = sampler.sample(PROMPTS, SamplingParams(max_tokens=8, seed=1), adapter_name="default", num_samples=3)
+    assert isinstance(response, SampleResponse)
+    assert len(response.sequences) == 6
+    assert response.sequences[0] == SampledSequence([7, 8], "stop", [-0.5, -0.25], decoded="7 8")
+    [request] = server.requests("POST", "/sample")
+    assert request.body == {
+        "inputs": PROMPTS,
+        "sampling_params": SamplingParams(max_tokens=8, seed=1).to_dict(),
+        "num_samples": 3,
+        "run_id": "run-1",
+        "template": {"name": "Template", "kwargs": {"enable_thinking": False}},
+    }
+
+
+def test_without_an_adapter_the_base_model_samples_and_num_samples_follows_the_params(client, server):
+    sampler = vLLMSampler()
+    sampler.sample(PROMPTS[0], SamplingParams(num_samples=2))
+    [request] = server.requests("POST", "/sample")
+    assert "run_id" not in request.body and "template" not in request.body
+    assert request.body["inputs"] == [PROMPTS[0]]
+    assert request.body["num_samples"] == 2
+
+
+def test_a_sampler_on_a_checkpoint_names_it_when_no_run_is_used(client, server):
+    sampler = TorchSampler(model_id="twinkle://run-1/weights/warm-up")
+    sampler.sample(PROMPTS)
+    assert server.requests("POST", "/sample")[0].body["base_model"] == "twinkle://run-1/weights/warm-up"
+
+
+def test_a_merged_sync_of_a_full_parameter_model_samples_its_run(client, server):
+    model = TransformersModel()
+    model.set_optimizer("AdamW")
+    sampler = TorchSampler()
+    CheckpointEngineManager(model, sampler).sync_weights(merge_and_sync=True)
+    sampler.sample(PROMPTS)
+    assert server.requests("POST", "/sample")[0].body["run_id"] == "run-1"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"adapter_name": "nope"}, r"unknown adapter 'nope'; adapters: \[\]. Add it with model.add_adapter_to_model"),
+        ({"adapter_name": ["a", "b"]}, "takes one adapter_name per call"),
+        ({"sampling_params": {"max_tokens": 3}}, "sampling_params must be a SamplingParams, got dict"),
+    ],
+)
+def test_bad_sample_arguments_are_refused_before_any_request(client, server, kwargs, message):
+    with pytest.raises(InvalidInputError, match=message):
+        TorchSampler().sample(PROMPTS, **kwargs)
+    assert server.requests("POST", "/sample") == []
+
+
+def test_sync_weights_moves_nothing_and_points_the_sampler_at_the_run(client, server):
+    model = TransformersModel()
+    model.add_adapter_to_model("policy", LoraConfig(r=4))
+    other = TransformersModel()
+    other.add_adapter_to_model("policy", LoraConfig(r=4))  # same name, later: the process-wide map now says run-2
+    sampler = TorchSampler()
+    manager = CheckpointEngineManager(model=model, sampler=sampler)
+    calls_before = len(server.seen)
+    manager.sync_weights()
+    assert len(server.seen) == calls_before
+    sampler.sample(PROMPTS, adapter_name="policy")
+    sampler.sample(PROMPTS)  # a LoRA sync leaves adapter_name=None on the base model
+    manager.sync_weights(merge_and_sync=True)
+    sampler.sample(PROMPTS)  # after a merged sync the sampler "holds" the policy
+    runs = [request.body.get("run_id") for request in server.requests("POST", "/sample")]
+    assert runs == ["run-1", None, "run-1"]
+
+
+def test_the_manager_checks_adapters_as_in_process(client):
+    model = TransformersModel()
+    with pytest.raises(ConfigurationError, match=r"no LoRA adapter to sync; use sync_weights\(merge_and_sync=True\)"):
+        CheckpointEngineManager(model, TorchSampler()).sync_weights()
+    model.add_adapter_to_model("a", LoraConfig(r=4))
+    model.add_adapter_to_model("b", LoraConfig(r=4))
+    with pytest.raises(ConfigurationError, match=r"several adapters \['a', 'b'\]: pass adapter_name="):
+        CheckpointEngineManager(model, TorchSampler())
+    with pytest.raises(ConfigurationError, match="no adapter 'c'"):
+        CheckpointEngineManager(model, TorchSampler(), adapter_name="c")
+
+
+def test_the_template_encodes_and_decodes_on_the_server(client, server):
+    template = Template("builtin://qwen3-tiny", enable_thinking=False)
+    feature = template.encode({"messages": [{"role": "user", "content": "hi"}]}, add_generation_prompt=True)
+    assert feature == {"input_ids": [1, 1, 1]}
+    assert template.decode([5, 6], skip_special_tokens=True) == "5 6"
+    encode, decode = server.requests("POST", "/templates/encode")[0], server.requests("POST", "/templates/decode")[0]
+    spec = {
+        "name": "Template",
+        "kwargs": {
+            "model_id": "builtin://qwen3-tiny",
+            "max_length": 8192,
+            "truncation_strategy": "raise",
+            "default_system": None,
+            "enable_thinking": False,
+            "chat_template": None,
+        },
+    }
+    assert encode.body == {
+        "template": spec,
+        "trajectories": [{"messages": [{"role": "user", "content": "hi"}]}],
+        "add_generation_prompt": True,
+    }
+    assert decode.body == {"template": spec, "token_ids": [[5, 6]], "skip_special_tokens": True}
