@@ -119,6 +119,7 @@ def test_runs_lifecycle(store):
         "run_id": run.id,
         "user": "alice",
         "lora_config": {"r": 8, "target_modules": "all-linear"},
+        "base_model": None,
         "created_at": run.created_at,
         "resident": True,
         "checkpoints": [],
