@@ -56,7 +56,8 @@ def submit_long_call(
             state.futures.fail(future.id, exc)
 
     shared = None
-    if method == SHARED_METHOD and "micro_batch_size" not in kwargs and "inputs" in kwargs:
+    shareable = not state.pool.is_private(run_id) and "micro_batch_size" not in kwargs and "inputs" in kwargs
+    if method == SHARED_METHOD and shareable:
         loss_inputs = {key: value for key, value in kwargs.items() if key != "inputs"}
         shared = AdapterRequest(run_id, kwargs["inputs"], loss_inputs)
     job = Job(
@@ -82,7 +83,7 @@ def check_features(state: ServerState, inputs: Any) -> None:
     items = [inputs] if isinstance(inputs, Mapping) else inputs
     if not isinstance(items, list):
         return
-    limit = state.pool.sampler.max_model_len
+    limit = state.pool.max_length
     for index, item in enumerate(items):
         if isinstance(item, Mapping) and "input_ids" in item:
             feature = validate_input_feature(item, where=f"inputs[{index}]", vocab_size=state.pool.model.vocab_size)
@@ -130,11 +131,11 @@ def _prepare(state: ServerState, user: str, run_id: str, method: str, kwargs: di
 
         return record
     if method == "load":
-        kwargs["path"] = _resolve_checkpoint(state, user, run_id, kwargs.get("path"))
+        kwargs["path"] = resolve_checkpoint(state, user, run_id, kwargs.get("path"))
     return lambda result: result
 
 
-def _resolve_checkpoint(state: ServerState, user: str, run_id: str, reference: Any) -> str:
+def resolve_checkpoint(state: ServerState, user: str, run_id: str, reference: Any) -> str:
     """``twinkle://<run>/<name>`` (any run of the same user) or a bare checkpoint name of this run."""
     if not isinstance(reference, str) or not reference:
         raise InvalidInputError(f"load needs path='{CHECKPOINT_SCHEME}<run_id>/<name>' or a checkpoint name")

@@ -10,7 +10,7 @@ from fastapi.responses import Response
 
 from twinkle import wire
 from twinkle.errors import InvalidInputError, ResourceNotFoundError
-from twinkle.server.app.calls import count_tokens
+from twinkle.server.app.calls import count_tokens, resolve_checkpoint
 from twinkle.server.app.http import caller, read_body, reply
 from twinkle.server.app.routes_runs import owned_run, server
 from twinkle.server.services.convert import from_wire, to_wire
@@ -80,15 +80,17 @@ async def get_future(future_id: str, request: Request, wait: float = 0.0) -> Res
 
 @api.post("/sample")
 async def sample(request: Request) -> Response:
+    """Sample with a run's current weights, a ``base_model`` checkpoint of the caller's, or the server's model."""
     user, body, state = caller(request), await read_body(request), server(request)
-    run_id = body.get("run_id")
+    run_id, base_model = body.get("run_id"), body.get("base_model")
     if run_id is not None:
         owned_run(state, user, run_id)
+    base_path = None if base_model is None else resolve_checkpoint(state, user, "", base_model)
     inputs = from_wire(body.get("inputs"))
     state.quotas.check_tokens(user, count_tokens(inputs))
     template = body.get("template")
     if template is not None and not isinstance(template, dict):
-        raise InvalidInputError("template must be an object of Template options, e.g. {'enable_thinking': false}")
+        raise InvalidInputError("template must be {'name': <registered name>, 'kwargs': {...}}")
     future, created = state.futures.create(user, "sample", run_id, body.get("idempotency_key"))
     if created:
         params, num_samples = body.get("sampling_params"), body.get("num_samples")
@@ -99,9 +101,38 @@ async def sample(request: Request) -> Response:
             else:
                 state.futures.fail(future.id, error)
 
-        run = lambda: state.pool.sample(run_id, inputs, params, num_samples, template)  # noqa: E731
+        run = lambda: state.pool.sample(run_id, inputs, params, num_samples, template, base_path)  # noqa: E731
         state.scheduler.submit(Job(run_id or f"sample:{user}", run, on_done, labels=(user, "sample")))
     return reply(request, {"future_id": future.id})
+
+
+@api.post("/templates/encode")
+async def encode(request: Request) -> Response:
+    """Encode trajectories with a registered template of the server's model (the client has no tokenizer)."""
+    caller(request)
+    body, state = await read_body(request), server(request)
+    trajectories = body.get("trajectories")
+    if not isinstance(trajectories, list):
+        raise InvalidInputError("trajectories must be a list of {'messages': [...]} objects")
+    template = state.pool.template(body.get("template"))
+    add_generation_prompt = bool(body.get("add_generation_prompt", False))
+    features = await run_in_threadpool(
+        lambda: [template.encode(t, add_generation_prompt=add_generation_prompt) for t in trajectories]
+    )
+    return reply(request, {"features": features})
+
+
+@api.post("/templates/decode")
+async def decode(request: Request) -> Response:
+    caller(request)
+    body, state = await read_body(request), server(request)
+    token_ids = body.get("token_ids")
+    if not isinstance(token_ids, list) or not all(isinstance(ids, list) for ids in token_ids):
+        raise InvalidInputError("token_ids must be a list of token-id lists")
+    template = state.pool.template(body.get("template"))
+    skip = bool(body.get("skip_special_tokens", False))
+    texts = [template.decode(ids, skip_special_tokens=skip) for ids in token_ids]
+    return reply(request, {"texts": texts})
 
 
 @api.post("/datasets")

@@ -34,12 +34,17 @@ def owned_run(state: ServerState, user: str, run_id: str) -> Run:
 @router.post("/runs")
 async def create_run(request: Request) -> Response:
     user, body, state = caller(request), await read_body(request), server(request)
-    lora_config = body.get("lora_config")
-    if not isinstance(lora_config, Mapping):
-        raise InvalidInputError("lora_config must be an object of LoraConfig fields, e.g. {'r': 8}")
+    lora_config, base_model = body.get("lora_config"), body.get("base_model")
+    if lora_config is not None and not isinstance(lora_config, Mapping):
+        raise InvalidInputError("lora_config must be an object of LoraConfig fields, e.g. {'r': 8}, or null")
+    if base_model is not None:
+        calls.resolve_checkpoint(state, user, "", base_model)  # a checkpoint of this user's, or 404
     steps = body.get("gradient_accumulation_steps", 1)
     state.quotas.check_new_adapter(user, state.store.count_resident_runs(user), _largest_rank(lora_config))
-    run = state.store.create_run(user, str(body.get("session_id")), dict(lora_config), steps)
+    session_id = str(body.get("session_id"))
+    run = state.store.create_run(
+        user, session_id, None if lora_config is None else dict(lora_config), steps, base_model
+    )
     if run is None:
         raise ResourceNotFoundError(f"no open session {body.get('session_id')!r}; POST /twinkle/v1/sessions first")
     try:
@@ -127,16 +132,19 @@ def _checkpoints(state: ServerState, user: str, run_id: str) -> list[dict[str, A
 
 
 def _add_adapter(state: ServerState, run: Run, seed: int | None = None) -> None:
-    """Create the run's adapter; ``seed`` fixes its initial weights whatever else the server is doing."""
+    """Load the run's adapter (or model); ``seed`` fixes its initial weights whatever else the server is doing."""
+    base_path = None if run.base_model is None else calls.resolve_checkpoint(state, run.user, run.id, run.base_model)
     state.scheduler.call(
         run.id,
-        lambda: state.pool.add_run(run.id, run.lora_config, run.gradient_accumulation_steps, seed),
+        lambda: state.pool.add_run(run.id, run.lora_config, run.gradient_accumulation_steps, seed, base_path),
         calls.SHORT_CALL_TIMEOUT_S,
         labels=(run.user, "create_run"),
     )
 
 
-def _largest_rank(lora_config: Mapping[str, Any]) -> int:
+def _largest_rank(lora_config: Mapping[str, Any] | None) -> int:
+    if lora_config is None:  # full-parameter run
+        return 0
     ranks = [lora_config.get("r", 8), *dict(lora_config.get("rank_pattern") or {}).values()]
     if not all(isinstance(rank, int) and not isinstance(rank, bool) for rank in ranks):
         raise InvalidInputError(f"LoRA ranks must be integers, got r={lora_config.get('r')!r}")

@@ -37,7 +37,7 @@ class Telemetry:
             buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=self.registry,
         )  # fmt: skip
         self.queue_depth = Gauge("twinkle_queue_depth", "Calls waiting in the scheduler", registry=self.registry)
-        self.pool_used.set_function(lambda: len(pool.model.adapter_names))
+        self.pool_used.set_function(lambda: pool.resident_count)
         self.pool_size.set(pool.max_loras)
 
     def bind_scheduler(self, scheduler: Scheduler) -> None:

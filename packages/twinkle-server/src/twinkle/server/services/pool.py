@@ -1,8 +1,14 @@
-"""The base model hosted once: a ``MultiLoraModel`` for training every tenant, a sampler for generation.
+"""The models a server holds: the shared base with every tenant's LoRA adapter, and private runs.
 
-Only the scheduler's worker thread calls into the pool, so the model never
-sees two calls at once. Each run (a tenant's training run) is one adapter,
-named by its run id.
+Most runs are LoRA adapters on the one frozen base model (a ``MultiLoraModel``),
+trained together in shared passes. A run that trains every weight, or starts
+from a tenant's own full-model checkpoint, needs weights of its own: it gets a
+private ``TransformersModel`` (more memory, no batching with others). Sampling
+uses a sampler per base model, synced from the run before each request (LoRA
+tensors only, or every weight for a full-parameter run).
+
+Only the scheduler's worker thread calls into the pool, so no model ever sees
+two calls at once.
 """
 
 from __future__ import annotations
@@ -14,11 +20,12 @@ from peft import LoraConfig
 
 from twinkle.checkpoint_engine import CheckpointEngineManager
 from twinkle.data_format import SampleResponse, SamplingParams
-from twinkle.errors import ConfigurationError, InvalidInputError
-from twinkle.model import AdapterRequest, AdapterResult, MultiLoraModel
+from twinkle.errors import InvalidInputError
+from twinkle.model import AdapterRequest, AdapterResult, MultiLoraModel, TransformersModel
 from twinkle.module import adapter_names
 from twinkle.registry import build
 from twinkle.sampler import TorchSampler
+from twinkle.server.services.components import check_component_name
 
 # The in-process API a tenant may call on its run, by how long it takes (short ones are answered directly).
 SHORT_METHODS = frozenset(
@@ -32,13 +39,14 @@ LONG_METHODS = frozenset(
 
 
 class ModelPool:
-    """Adapters of every resident run on one base model, plus sampling with any of them."""
+    """Every loaded run's weights, and sampling with any of them."""
 
     def __init__(self, model_id: str | None, max_loras: int, max_rank: int, device: str | None = None) -> None:
+        self.device = device
         self.model = MultiLoraModel(model_id, max_loras=max_loras, max_rank=max_rank, device=device)
         self.model_path = self.model.model_path
-        self.sampler = TorchSampler(model_id=self.model_path, device=device)
-        self.sampler.set_template("Template", model_id=self.model_path)
+        self._private: dict[str, TransformersModel] = {}
+        self._samplers: dict[str, TorchSampler] = {}  # by base model path; full-parameter runs by run id
         self._templates: dict[str, Any] = {}
 
     @property
@@ -49,39 +57,57 @@ class ModelPool:
     def max_rank(self) -> int:
         return self.model.max_rank
 
-    def resident(self, run_id: str) -> bool:
-        return run_id in self.model.adapter_names
+    @property
+    def max_length(self) -> int:
+        """The longest sequence the base model takes."""
+        return int(self.model.model.config.max_position_embeddings)
+
+    @property
+    def resident_count(self) -> int:
+        return len(self.model.adapter_names) + len(self._private)
+
+    def is_private(self, run_id: str) -> bool:
+        return run_id in self._private
 
     def add_run(
-        self, run_id: str, lora_config: Mapping[str, Any], gradient_accumulation_steps: int = 1, seed: int | None = None
+        self,
+        run_id: str,
+        lora_config: Mapping[str, Any] | None,
+        gradient_accumulation_steps: int = 1,
+        seed: int | None = None,
+        base_path: str | None = None,
     ) -> None:
-        if not isinstance(lora_config, Mapping):
-            raise InvalidInputError(
-                f"lora_config must be an object of LoraConfig fields, got {type(lora_config).__name__}"
-            )
-        try:
-            config = LoraConfig(**lora_config)
-        except (TypeError, ValueError) as exc:
-            raise InvalidInputError(f"invalid lora_config {dict(lora_config)}: {exc}") from exc
-        self.model.add_adapter_to_model(run_id, config, gradient_accumulation_steps, seed=seed)
+        """Load a run: an adapter in the shared pool, or a private model (full parameters or its own base)."""
+        config = None if lora_config is None else _lora_config(lora_config)
+        if config is not None and base_path is None:
+            self.model.add_adapter_to_model(run_id, config, gradient_accumulation_steps, seed=seed)
+            return
+        model = TransformersModel(base_path or self.model_path, device=self.device)
+        if config is not None:
+            model.add_adapter_to_model(run_id, config, gradient_accumulation_steps, seed=seed)
+        elif gradient_accumulation_steps != 1:
+            raise InvalidInputError("a full-parameter run accumulates over calls with clip_grad_and_step as is; "
+                                    "gradient_accumulation_steps must be 1")  # fmt: skip
+        self._private[run_id] = model
 
     def remove_run(self, run_id: str) -> None:
-        """Free the run's adapter, optimizer and gradients; its checkpoints stay on disk."""
-        if self.resident(run_id):
+        """Free the run's weights, optimizer and gradients; its checkpoints stay on disk."""
+        if self._private.pop(run_id, None) is None and run_id in self.model.adapter_names:
             self.model.remove_adapter(run_id)
-        if run_id in self.sampler_adapters():
-            self.sampler.remove_adapter(run_id)
-
-    def sampler_adapters(self) -> list[str]:
-        return adapter_names(self.sampler.model)
+        self._samplers.pop(run_id, None)
+        for sampler in self._samplers.values():
+            if run_id in adapter_names(sampler.model):
+                sampler.remove_adapter(run_id)
 
     def call(self, run_id: str, method: str, kwargs: Mapping[str, Any]) -> Any:
-        """Run one in-process API method on the run's adapter."""
+        """Run one in-process API method on the run's adapter (or its private model)."""
         if method not in SHORT_METHODS | LONG_METHODS:
             raise InvalidInputError(f"unknown method {method!r}; callable: {sorted(SHORT_METHODS | LONG_METHODS)}")
         if "adapter_name" in kwargs:
             raise InvalidInputError("adapter_name is set by the server (the run id); do not pass it")
-        return getattr(self.model, method)(adapter_name=run_id, **kwargs)
+        model = self._private.get(run_id, self.model)
+        adapter = run_id if run_id in model.adapter_names else None
+        return getattr(model, method)(adapter_name=adapter, **kwargs)
 
     def forward_backward_many(self, requests: Sequence[AdapterRequest]) -> list[AdapterResult]:
         return self.model.forward_backward_many(requests)
@@ -93,23 +119,52 @@ class ModelPool:
         sampling_params: SamplingParams | Mapping[str, Any] | None,
         num_samples: int | None,
         template: Mapping[str, Any] | None = None,
+        base_path: str | None = None,
     ) -> SampleResponse:
-        """Sample with the run's current adapter (synced LoRA-only first: a few small tensors) or the base model."""
+        """Sample with the run's current weights (synced first), a checkpoint's, or the base model's."""
         if isinstance(sampling_params, Mapping):
             sampling_params = SamplingParams.from_dict(dict(sampling_params))
-        if run_id is not None:
-            CheckpointEngineManager(self.model, self.sampler, adapter_name=run_id).sync_weights()
-        self.sampler.set_template(self._template(template or {}))
-        return self.sampler.sample(inputs, sampling_params, adapter_name=run_id, num_samples=num_samples)
+        sampler, adapter = self._sampler_for(run_id, base_path)
+        sampler.set_template(self.template(template, sampler.model_path))
+        return sampler.sample(inputs, sampling_params, adapter_name=adapter, num_samples=num_samples)
 
-    def _template(self, kwargs: Mapping[str, Any]) -> Any:
-        """Templates by their options, built once: trajectories are encoded on the server."""
+    def template(self, spec: Mapping[str, Any] | None, model_path: str | None = None) -> Any:
+        """A registered template from ``{"name", "kwargs"}`` for ``model_path``, built once per spec."""
+        spec = dict(spec or {})
+        name = check_component_name(spec.get("name", "Template"), "template.name")
+        kwargs = dict(spec.get("kwargs") or {})
         if not all(isinstance(value, (str, int, float, bool, type(None))) for value in kwargs.values()):
-            raise InvalidInputError(f"template options must be plain values, got {dict(kwargs)}")
-        key = repr(sorted(kwargs.items()))
+            raise InvalidInputError(f"template options must be plain values, got {kwargs}")
+        kwargs["model_id"] = model_path or self.model_path  # the tokenizer of the weights being used
+        key = repr((name, sorted(kwargs.items())))
         if key not in self._templates:
-            options = {"model_id": self.model_path, **kwargs}
-            if options.pop("template", "Template") != "Template":
-                raise ConfigurationError("only the built-in 'Template' can be used for sampling on this server")
-            self._templates[key] = build("template", "Template", **options)
+            self._templates[key] = build("template", name, **kwargs)
         return self._templates[key]
+
+    def _sampler_for(self, run_id: str | None, base_path: str | None) -> tuple[TorchSampler, str | None]:
+        """The sampler holding the right base weights, synced with the run; and the adapter to sample with."""
+        private = self._private.get(run_id) if run_id is not None else None
+        if private is not None and not private.adapter_names:  # full-parameter run: all weights move
+            sampler = self._sampler(run_id, private.model_path)
+            CheckpointEngineManager(private, sampler).sync_weights(merge_and_sync=True)
+            return sampler, None
+        source = private if private is not None else self.model
+        sampler = self._sampler(source.model_path if run_id else (base_path or self.model_path))
+        if run_id is not None:
+            CheckpointEngineManager(source, sampler, adapter_name=run_id).sync_weights()
+        return sampler, run_id
+
+    def _sampler(self, key: str, model_path: str | None = None) -> TorchSampler:
+        if key not in self._samplers:
+            self._samplers[key] = TorchSampler(model_id=model_path or key, device=self.device)
+        return self._samplers[key]
+
+
+def _lora_config(lora_config: Any) -> LoraConfig:
+    if not isinstance(lora_config, Mapping):
+        kind = type(lora_config).__name__
+        raise InvalidInputError(f"lora_config must be an object of LoraConfig fields (or null), got {kind}")
+    try:
+        return LoraConfig(**lora_config)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"invalid lora_config {dict(lora_config)}: {exc}") from exc
