@@ -54,6 +54,7 @@ def test_an_adapter_is_a_run_and_training_calls_go_to_it(client, server):
         "session_id": "s1",
         "lora_config": {"r": 16, "lora_alpha": 32},
         "gradient_accumulation_steps": 2,
+        "seed": 42,  # twinkle.initialize's seed unless one is given
     }
     model.set_optimizer("AdamW", lr=1e-3)
     model.set_lr_scheduler("CosineWarmupScheduler", num_warmup_steps=5, num_training_steps=100)

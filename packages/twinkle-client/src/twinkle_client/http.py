@@ -169,7 +169,11 @@ class TwinkleClient:
         return self._server_info
 
     def create_run(
-        self, lora_config: dict[str, Any] | None, gradient_accumulation_steps: int = 1, base_model: str | None = None
+        self,
+        lora_config: dict[str, Any] | None,
+        gradient_accumulation_steps: int = 1,
+        base_model: str | None = None,
+        seed: int | None = None,
     ) -> str:
         """A new run in this client's session; returns its id.
 
@@ -184,6 +188,8 @@ class TwinkleClient:
         }
         if base_model is not None:
             body["base_model"] = base_model
+        if seed is not None:
+            body["seed"] = seed
         return self.request("POST", "/runs", body)["run_id"]
 
     def list_runs(self) -> list[dict[str, Any]]:

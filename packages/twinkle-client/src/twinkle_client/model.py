@@ -19,6 +19,7 @@ import numpy as np
 
 from twinkle.data_format import LossOutput, ModelOutput, SamplingParams
 from twinkle.errors import ConfigurationError
+from twinkle.infra import get_runtime
 from twinkle.utils import get_logger
 from twinkle_client.components import merged_spec
 from twinkle_client.context import CHECKPOINT_SCHEME, check_base_model, get_client
@@ -65,9 +66,17 @@ class TransformersModel:
         return self._full_run
 
     def add_adapter_to_model(
-        self, adapter_name: str, config: LoraConfig | dict[str, Any], gradient_accumulation_steps: int = 1
+        self,
+        adapter_name: str,
+        config: LoraConfig | dict[str, Any],
+        gradient_accumulation_steps: int = 1,
+        seed: int | None = None,
     ) -> None:
-        """Create a run with this LoRA adapter on the server."""
+        """Create a run with this LoRA adapter on the server.
+
+        ``seed`` (default: the seed given to ``twinkle.initialize``) fixes the adapter's initial
+        weights, so a remote run starts the same way every time whatever else the server is doing.
+        """
         if not isinstance(adapter_name, str) or not adapter_name or "." in adapter_name:
             raise ConfigurationError(f"adapter_name must be a non-empty string without dots, got {adapter_name!r}")
         if adapter_name in self._runs:
@@ -77,7 +86,10 @@ class TransformersModel:
                 "this model is set up for full-parameter training (a call was made without adapters); "
                 "add adapters before anything else"
             )
-        run_id = self._client.create_run(lora_config_dict(config), gradient_accumulation_steps, self._checkpoint)
+        seed = get_runtime().seed if seed is None else seed
+        run_id = self._client.create_run(
+            lora_config_dict(config), gradient_accumulation_steps, self._checkpoint, seed=seed
+        )
         self._runs[adapter_name] = run_id
         self._client.adapter_runs[adapter_name] = run_id
 
