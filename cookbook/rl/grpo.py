@@ -76,6 +76,7 @@ def warm_up_checkpoint() -> str:
         model.forward_backward(inputs=next(batches))
         model.clip_grad_and_step()
     checkpoint = model.save("last-checkpoint", output_dir=directory, save_optimizer=False)
+    os.makedirs(directory, exist_ok=True)  # remotely the checkpoint stays on the server; only its marker is here
     with open(marker, "w") as file:  # written last: a half-finished warm-up is redone
         file.write(checkpoint)
     return checkpoint
