@@ -206,3 +206,12 @@ def test_a_nan_gradient_behind_a_finite_loss_skips_the_step(short_features):
     assert state.global_step == 0 and state.accumulated == 0
     assert all(p.grad is None for p in state.params)
     assert all(torch.equal(p, b) for p, b in zip(state.params, before, strict=True))
+
+
+def test_without_target_modules_the_architectures_peft_defaults_are_used():
+    model = MultiLoraModel(device="cpu")
+    model.add_adapter_to_model("default-targets", LoraConfig(r=2))
+    reference = get_peft_model(AutoModelForCausalLM.from_pretrained(resolve_model(None)), LoraConfig(r=2))
+    peft_modules = {name.split(".lora_A")[0] for name, _ in reference.named_parameters() if ".lora_A." in name}
+    ours = {key.removeprefix("base_model.model.").split(".lora_A")[0] for key in model.lora_payload("default-targets")[1]}
+    assert ours == {name.removeprefix("base_model.model.") for name in peft_modules}

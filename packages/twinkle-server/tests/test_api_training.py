@@ -145,3 +145,29 @@ def test_closing_a_session_frees_its_adapters_and_keeps_checkpoints(tmp_path):
         assert client.delete(f"{API}/sessions/{sessions}", headers=headers).status_code == 200
         assert run_id not in pool.model.adapter_names and session["checkpoints"]
         assert client.get(f"{API}/runs/{run_id}/checkpoints", headers=headers).json()["checkpoints"]
+
+
+def test_a_session_without_heartbeats_expires_and_its_adapters_leave_the_pool(tmp_path):
+    import time
+
+    config = ServerConfig(state_dir=tmp_path, session_timeout_s=3.0, quotas=Quotas(requests_per_second=1000.0))
+    store = SQLiteStore(config.database)
+    store.add_user("ann")
+    headers = {"X-API-Key": issue_api_key(store, "ann")}
+    with TestClient(create_app(config, store), raise_server_exceptions=False) as client:
+        alive = client.post(f"{API}/sessions", headers=headers, json={}).json()["session_id"]
+        lapsed = client.post(f"{API}/sessions", headers=headers, json={}).json()["session_id"]
+        runs = {}
+        for session in (alive, lapsed):
+            reply = client.post(f"{API}/runs", headers=headers, json={"session_id": session, "lora_config": {"r": 2}})
+            assert reply.status_code == 200, reply.json()
+            runs[session] = reply.json()["run_id"]
+        pool = client.app.state.server.pool
+        deadline = time.monotonic() + 8
+        while runs[lapsed] in pool.model.adapter_names and time.monotonic() < deadline:
+            assert client.post(f"{API}/sessions/{alive}/heartbeat", headers=headers).status_code == 200
+            time.sleep(0.5)
+        assert runs[lapsed] not in pool.model.adapter_names
+        assert runs[alive] in pool.model.adapter_names
+        reply = client.post(f"{API}/sessions/{lapsed}/heartbeat", headers=headers)
+        assert reply.status_code == 404 and "expired" in reply.json()["error"]["message"]

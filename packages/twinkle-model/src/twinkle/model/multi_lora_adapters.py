@@ -9,6 +9,7 @@ adapter loads in plain ``peft`` and a PEFT adapter loads here.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from peft import LoraConfig
 from peft.tuners.tuners_utils import check_target_module_exists
+from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
 from torch import nn
 
 from twinkle.errors import ConfigurationError, InvalidInputError
@@ -120,6 +122,13 @@ def target_module_names(model: nn.Module, config: LoraConfig) -> list[str]:
     output_layer = model.get_output_embeddings()
     linears = [name for name, module in model.named_modules() if isinstance(module, (nn.Linear, MultiLoraLinear))]
     targets = config.target_modules
+    if targets is None:  # PEFT's default targets for this architecture
+        model_type = getattr(model.config, "model_type", None)
+        default = TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type)
+        if default is None:
+            raise ConfigurationError(f"no default LoRA targets for model type {model_type!r}: set target_modules")
+        config = dataclasses.replace(config, target_modules=set(default))
+        targets = config.target_modules
     if targets == "all-linear" or (isinstance(targets, (set, list)) and "all-linear" in targets):
         names = [name for name in linears if model.get_submodule(name) is not output_layer]
     else:
