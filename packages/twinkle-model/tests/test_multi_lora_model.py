@@ -213,5 +213,6 @@ def test_without_target_modules_the_architectures_peft_defaults_are_used():
     model.add_adapter_to_model("default-targets", LoraConfig(r=2))
     reference = get_peft_model(AutoModelForCausalLM.from_pretrained(resolve_model(None)), LoraConfig(r=2))
     peft_modules = {name.split(".lora_A")[0] for name, _ in reference.named_parameters() if ".lora_A." in name}
-    ours = {key.removeprefix("base_model.model.").split(".lora_A")[0] for key in model.lora_payload("default-targets")[1]}
+    payload = model.lora_payload("default-targets")[1]
+    ours = {key.removeprefix("base_model.model.").split(".lora_A")[0] for key in payload}
     assert ours == {name.removeprefix("base_model.model.") for name in peft_modules}
