@@ -214,5 +214,5 @@ def test_without_target_modules_the_architectures_peft_defaults_are_used():
     reference = get_peft_model(AutoModelForCausalLM.from_pretrained(resolve_model(None)), LoraConfig(r=2))
     peft_modules = {name.split(".lora_A")[0] for name, _ in reference.named_parameters() if ".lora_A." in name}
     payload = model.lora_payload("default-targets")[1]
-    ours = {key.removeprefix("base_model.model.").split(".lora_A")[0] for key in payload}
+    ours = {key.removeprefix("base_model.model.").split(".lora_")[0] for key in payload}
     assert ours == {name.removeprefix("base_model.model.") for name in peft_modules}
