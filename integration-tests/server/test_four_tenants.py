@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from peft import LoraConfig
@@ -34,42 +31,11 @@ SEED = 11
 pytestmark = pytest.mark.integration
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """``twinkle server`` with one user per job, bound to 127.0.0.1; stopped at the end."""
-    state_dir = tmp_path_factory.mktemp("server")
-    keys = {job: f"tml-{job}-key-0123456789abcdef" for job in JOBS}
-    config = state_dir / "server.yaml"
-    users = "\n".join(f"  {job}:\n    api_keys: [{key}]" for job, key in keys.items())
-    config.write_text(f"state_dir: {state_dir}\nusers:\n{users}\n")
-    port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "twinkle.cli", "server", "--config", str(config), "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.5)
-        else:
-            raise RuntimeError(f"the server did not start: {process.stdout.read() if process.poll() else ''}")
-        yield url, keys, state_dir
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
+def server(start_server):
+    """``twinkle server`` with one user per job."""
+    server = start_server(list(JOBS))
+    return server.url, server.keys, server.state_dir
 
 
 def test_four_tenants_at_once_get_what_they_get_alone(server):

@@ -15,6 +15,7 @@ from typing import Any
 from twinkle.data_format import validate_input_feature
 from twinkle.errors import ConfigurationError, InvalidInputError, ResourceNotFoundError
 from twinkle.model import AdapterRequest
+from twinkle.model.microbatch import check_loss_inputs
 from twinkle.server.app.state import ServerState
 from twinkle.server.paths import safe_child
 from twinkle.server.services.components import check_call_components
@@ -40,11 +41,13 @@ def submit_long_call(
     """Queue the call and return its future id (the first call's, when the idempotency key repeats)."""
     finish = _prepare(state, user, run_id, method, kwargs)
     check_features(state, kwargs.get("inputs"))  # a bad batch is the caller's 400 now, not a failed future later
+    if method == SHARED_METHOD:
+        check_loss_input_lengths(kwargs)
+    tokens = count_tokens(kwargs.get("inputs"))
+    state.quotas.check_tokens(user, tokens)  # before the future exists: a refused call must leave none behind
     future, created = state.futures.create(user, method, run_id, idempotency_key)
     if not created:
         return future.id
-    tokens = count_tokens(kwargs.get("inputs"))
-    state.quotas.check_tokens(user, tokens)
 
     def on_done(result: Any, error: BaseException | None) -> None:
         if error is not None:
@@ -91,6 +94,15 @@ def check_features(state: ServerState, inputs: Any) -> None:
                 raise InvalidInputError(
                     f"inputs[{index}] has {len(feature['input_ids'])} tokens; the model's context is {limit}"
                 )
+
+
+def check_loss_input_lengths(kwargs: Mapping[str, Any]) -> None:
+    """``forward_backward``'s per-sample loss inputs (``advantages``, ...) need one entry per sample of ``inputs``."""
+    inputs = kwargs.get("inputs")
+    items = [inputs] if isinstance(inputs, Mapping) else inputs
+    if isinstance(items, list):
+        loss_inputs = {key: value for key, value in kwargs.items() if key not in ("inputs", "micro_batch_size")}
+        check_loss_inputs(loss_inputs, len(items))
 
 
 def count_tokens(inputs: Any) -> int:

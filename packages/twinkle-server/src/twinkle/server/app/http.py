@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from twinkle import wire
 from twinkle.errors import InvalidInputError
@@ -24,7 +25,10 @@ class MalformedBodyError(InvalidInputError):
 
 async def read_body(request: Request) -> dict[str, Any]:
     """The request's object body, from the wire codec or JSON (an empty body is ``{}``)."""
-    data = await request.body()
+    try:
+        data = await request.body()
+    except ClientDisconnect as exc:  # the caller hung up mid-body: its mistake, with no one left to answer
+        raise MalformedBodyError("the client disconnected before sending the whole body") from exc
     if len(data) > MAX_BODY_BYTES:
         raise InvalidInputError(f"the body has {len(data)} bytes; the limit is {MAX_BODY_BYTES}")
     if not data:

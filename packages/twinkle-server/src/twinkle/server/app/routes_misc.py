@@ -70,7 +70,7 @@ async def close_session(session_id: str, request: Request) -> Response:
 async def get_future(future_id: str, request: Request, wait: float = 0.0) -> Response:
     user = caller(request)
     timeout = min(max(wait, 0.0), MAX_WAIT_S)
-    future = await run_in_threadpool(server(request).futures.wait, user, future_id, timeout)
+    future = await server(request).futures.wait(user, future_id, timeout)
     if future.status == "done":
         return reply(request, {"status": "done", "result": wire.decode(future.result)})
     if future.status == "failed":

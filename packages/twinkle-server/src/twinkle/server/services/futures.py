@@ -1,13 +1,18 @@
 """Futures: the result of a long call, kept in the store and fetched by id with a long-poll.
 
 The store is the source of truth (a future survives a restart, and one that
-was in flight then reports a clear failure); in-memory events only wake the
-pollers waiting on a future of this process.
+was in flight then reports a clear failure); in-memory wake-ups only rouse the
+pollers waiting on a future of this process. Pollers wait on the event loop,
+not in worker threads: a client that abandons long-polls must not use up the
+threads that every other tenant's short calls need.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from twinkle import wire
@@ -22,7 +27,7 @@ class Futures:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._events: dict[str, threading.Event] = {}
+        self._waiters: dict[str, list[Callable[[], None]]] = {}  # in-flight future id -> its pollers' wake-ups
         self._lock = threading.Lock()
 
     def create(self, user: str, method: str, run_id: str | None, idempotency_key: str | None) -> tuple[Future, bool]:
@@ -30,7 +35,7 @@ class Futures:
         future, created = self.store.create_future(user, method, run_id=run_id, idempotency_key=idempotency_key)
         if created:
             with self._lock:
-                self._events[future.id] = threading.Event()
+                self._waiters[future.id] = []
         return future, created
 
     def start(self, future_id: str) -> None:
@@ -44,20 +49,36 @@ class Futures:
         self.store.fail_future(future_id, error_response(error)[1]["error"])
         self._wake(future_id)
 
-    def wait(self, user: str, future_id: str, timeout: float) -> Future:
-        """The future once finished, or still pending after ``timeout`` seconds."""
+    async def wait(self, user: str, future_id: str, timeout: float) -> Future:
+        """The future once finished, or still pending after ``timeout`` seconds (waiting holds no thread)."""
+        future = self._get(user, future_id)
+        if future.status not in ("pending", "running"):
+            return future
+        woken = asyncio.Event()
+        wake = partial(asyncio.get_running_loop().call_soon_threadsafe, woken.set)  # _wake runs in another thread
+        with self._lock:
+            waiters = self._waiters.get(future_id)
+            if waiters is None:  # it finished since the read above (or in a previous server process)
+                return self._get(user, future_id)
+            waiters.append(wake)
+        try:
+            await asyncio.wait_for(woken.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            with self._lock:
+                if wake in self._waiters.get(future_id, ()):
+                    self._waiters[future_id].remove(wake)
+        return self._get(user, future_id)
+
+    def _get(self, user: str, future_id: str) -> Future:
         future = self.store.get_future(user, future_id)
         if future is None:
             raise ResourceNotFoundError(f"no future {future_id!r}")
-        if future.status in ("pending", "running"):
-            with self._lock:
-                event = self._events.get(future_id)
-            if event is not None and event.wait(timeout):
-                future = self.store.get_future(user, future_id) or future
         return future
 
     def _wake(self, future_id: str) -> None:
         with self._lock:
-            event = self._events.pop(future_id, None)
-        if event is not None:
-            event.set()
+            waiters = self._waiters.pop(future_id, [])
+        for wake in waiters:
+            wake()
