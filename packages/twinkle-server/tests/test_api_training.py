@@ -171,3 +171,16 @@ def test_a_session_without_heartbeats_expires_and_its_adapters_leave_the_pool(tm
         assert runs[alive] in pool.model.adapter_names
         reply = client.post(f"{API}/sessions/{lapsed}/heartbeat", headers=headers)
         assert reply.status_code == 404 and "expired" in reply.json()["error"]["message"]
+
+
+def test_a_call_spelling_out_the_default_micro_batch_size_still_joins_shared_passes(tmp_path):
+    """``twinkle_client`` sends ``micro_batch_size=None``; that must not keep its tenant out of batching."""
+    client, keys = _start(tmp_path, ("ann",))
+    headers = keys["ann"]
+    with client:
+        session = client.post(f"{API}/sessions", headers=headers, json={}).json()["session_id"]
+        body = {"session_id": session, "lora_config": TENANTS["ann"], "seed": 7}
+        run_id = client.post(f"{API}/runs", headers=headers, json=body).json()["run_id"]
+        _call(client, headers, run_id, "forward_backward", inputs=_features(0, 2), micro_batch_size=None)
+        passes = client.app.state.server.telemetry.pass_requests.collect()[0].samples
+    assert any(sample.name.endswith("_count") and sample.value == 1 for sample in passes)

@@ -35,6 +35,7 @@ def test_defaults(monkeypatch, tmp_path):
     assert config.database == config.state_dir / "twinkle.db"
     assert config.checkpoint_dir == config.state_dir / "checkpoints"
     assert (config.max_loras, config.max_rank, config.session_timeout_s) == (8, 64, 120.0)
+    assert config.max_tokens_per_pass == 32768
     assert config.quotas == Quotas(max_adapters=4, max_rank=64, max_tokens_per_request=65536, requests_per_second=50.0)
     assert config.users == {} and config.api_keys() == {}
 
@@ -79,6 +80,13 @@ def test_api_keys_are_checked_when_read(tmp_path):
         config.api_keys()
 
 
+def test_max_tokens_per_pass_zero_means_never_batch(tmp_path):
+    path = _write(tmp_path, "max_tokens_per_pass: 0\n")
+    assert check_config(path) == []
+    assert load_config(path).max_tokens_per_pass == 0
+    assert load_config(_write(tmp_path, "max_tokens_per_pass: 4096\n")).max_tokens_per_pass == 4096
+
+
 def test_direct_construction_derives_paths(tmp_path):
     config = ServerConfig(state_dir=tmp_path, database=tmp_path / "x.db")
     assert config.database == tmp_path / "x.db" and config.checkpoint_dir == tmp_path / "checkpoints"
@@ -94,6 +102,8 @@ def test_direct_construction_derives_paths(tmp_path):
         ("port: 70000", "port: must be in 0..65535"),
         ("max_loras: 0", "max_loras: must be positive, got 0"),
         ("session_timeout_s: -1", "session_timeout_s: must be positive, got -1"),
+        ("max_tokens_per_pass: -1", "max_tokens_per_pass: must be >= 0 (0 never batches tenants together), got -1"),
+        ("max_tokens_per_pass: 1.5", "max_tokens_per_pass: expected int, got float (1.5)"),
         ("host: ''", "host: must not be empty"),
         ("quotas: {max_rnk: 8}", "quotas.max_rnk: unknown key (did you mean 'quotas.max_rank'?)"),
         ("quotas: {max_adapters: 1.5}", "quotas.max_adapters: expected int, got float (1.5)"),

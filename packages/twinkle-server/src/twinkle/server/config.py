@@ -53,6 +53,10 @@ class ServerConfig:
     checkpoint_dir: Path | None = None
     max_loras: int = 8
     max_rank: int = 64
+    # Token budget of one shared training pass: the scheduler batches tenants' forward_backward calls
+    # together up to this many input tokens (a single call bigger than it still runs, alone). 0 never
+    # batches tenants together: every pass trains one request (for comparison, or strict isolation).
+    max_tokens_per_pass: int = 32768
     session_timeout_s: float = 120.0
     api_keys_file: Path | None = None
     users: dict[str, UserConfig] = field(default_factory=dict)
@@ -97,6 +101,7 @@ _TOP: dict[str, type] = {
     "checkpoint_dir": str,
     "max_loras": int,
     "max_rank": int,
+    "max_tokens_per_pass": int,
     "session_timeout_s": float,
     "api_keys_file": str,
     "users": dict,
@@ -164,6 +169,10 @@ def _problems(data: dict[str, Any], base_dir: Path) -> list[str]:
     for key in ("max_loras", "max_rank", "session_timeout_s"):
         if merged[key] <= 0:
             problems.append(f"{key}: must be positive, got {merged[key]}")
+    if merged["max_tokens_per_pass"] < 0:
+        problems.append(
+            f"max_tokens_per_pass: must be >= 0 (0 never batches tenants together), got {merged['max_tokens_per_pass']}"
+        )
     problems += _quota_problems(data.get("quotas") or {}, "quotas", merged["max_rank"])
     owners: dict[str, str] = {}
     for name, user in (data.get("users") or {}).items():

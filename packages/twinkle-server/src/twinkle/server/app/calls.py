@@ -39,6 +39,8 @@ def submit_long_call(
     state: ServerState, user: str, run_id: str, method: str, kwargs: dict[str, Any], idempotency_key: str | None
 ) -> str:
     """Queue the call and return its future id (the first call's, when the idempotency key repeats)."""
+    if kwargs.get("micro_batch_size", 0) is None:  # the default, spelled out: it must not keep a call out of a pass
+        del kwargs["micro_batch_size"]
     finish = _prepare(state, user, run_id, method, kwargs)
     check_features(state, kwargs.get("inputs"))  # a bad batch is the caller's 400 now, not a failed future later
     if method == SHARED_METHOD:

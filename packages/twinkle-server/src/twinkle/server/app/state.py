@@ -44,7 +44,12 @@ class ServerState:
             logger.warning("%d calls were in flight when the server stopped; they now report a failure", failed)
         pool = ModelPool(config.model_id, config.max_loras, config.max_rank)
         telemetry = Telemetry(pool)
-        scheduler = Scheduler(pool.forward_backward_many, observe=telemetry.observe_job, on_pass=telemetry.observe_pass)
+        scheduler = Scheduler(
+            pool.forward_backward_many,
+            max_tokens_per_pass=config.max_tokens_per_pass,
+            observe=telemetry.observe_job,
+            on_pass=telemetry.observe_pass,
+        )
         telemetry.bind_scheduler(scheduler)
         state = cls(
             config, store, pool, scheduler, Futures(store), DataHandles(pool.model_path), QuotaChecker(config),

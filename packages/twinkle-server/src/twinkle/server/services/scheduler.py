@@ -4,8 +4,9 @@ Each run has a FIFO queue, so a tenant's calls run in the order sent. The
 worker serves runs round-robin. When the run whose turn it is has a
 ``forward_backward`` at the head of its queue, the heads of the other runs
 that are also ``forward_backward`` calls join it in one shared pass
-(``MultiLoraModel.forward_backward_many``), up to a token budget; runs left
-out go first next time. A run may only ever contribute one request per pass,
+(``MultiLoraModel.forward_backward_many``), up to a token budget
+(``max_tokens_per_pass``; 0 never batches: each pass takes one request); runs
+left out go first next time. A run may only ever contribute one request per pass,
 so a tenant sending big batches cannot crowd out one sending small ones.
 """
 
@@ -113,7 +114,7 @@ class Scheduler:
         """Pop the jobs to run next (called with the lock held)."""
         key = self._turn[0]
         head = self._queues[key][0]
-        if head.shared is None:
+        if head.shared is None or self.max_tokens_per_pass == 0:  # 0: tenants never share a pass
             return [self._pop(key)]
         batch, tokens = [], 0
         for other in list(self._turn):
