@@ -38,13 +38,8 @@ listen there only, and stops them at the end whatever happens):
     server runs at once, and the calls that arrive meanwhile share the next
     pass. So the requests per pass (printed) are fewer than the tenants.
 
-    ``twinkle_client``'s ``forward_backward`` sends ``micro_batch_size=None``
-    with every call, and the server (``app/calls.py``) shares only calls that
-    do not name ``micro_batch_size``: through the client, nothing is batched
-    (the script warns when the batched server ran no shared pass).
-    ``--direct-calls`` sends the same call without that key
-    (``client.call(run_id, "forward_backward", inputs=batch)``), which shows
-    what batching buys once that is fixed.
+    The script warns when the batched server ran no shared pass (its
+    ``/metrics``), which would mean tenants' calls were kept apart.
 
 How it stays fair:
 
@@ -72,7 +67,6 @@ How it stays fair:
 Run it from the repository root:
 
     python tools/bench/server.py                  # the full benchmark (about 2.5 minutes on 2 idle CPU cores)
-    python tools/bench/server.py --direct-calls   # the same, with the server batching tenants (see above)
     python tools/bench/server.py --quick          # a smoke run, about 40 s
 """
 
@@ -215,7 +209,7 @@ def check_loopback_only(server: Server) -> None:
 # ---------------------------------------------------------------------------- (1) one tenant
 
 
-def remote_model(url: str, key: str, seed: int, direct_calls: bool) -> tuple[Step, Callable[[], None]]:
+def remote_model(url: str, key: str, seed: int) -> tuple[Step, Callable[[], None]]:
     """A tenant's step through ``twinkle_client``, and how to close its session (which frees the adapter)."""
     from twinkle_client import LoraConfig, init_twinkle_client
     from twinkle_client.model import TransformersModel as RemoteModel
@@ -224,13 +218,9 @@ def remote_model(url: str, key: str, seed: int, direct_calls: bool) -> tuple[Ste
     model = RemoteModel()
     model.add_adapter_to_model("bench", LoraConfig(**LORA), seed=seed)
     model.set_optimizer("AdamW", lr=LEARNING_RATE)
-    run_id = model.run_id()
 
     def step(batch: Batch) -> float:
-        if direct_calls:  # what model.forward_backward sends, less its micro_batch_size=None (see --direct-calls)
-            loss = client.call(run_id, "forward_backward", inputs=batch)["loss"]
-        else:
-            loss = model.forward_backward(batch).loss
+        loss = model.forward_backward(batch).loss
         model.clip_grad_and_step(MAX_GRAD_NORM)
         return float(loss)
 
@@ -260,7 +250,7 @@ def local_step(kind: str) -> Step:
 
 
 def one_tenant(server: Server, args: argparse.Namespace) -> None:
-    remote, close = remote_model(server.url, server.keys["bench"], SEED, args.direct_calls)
+    remote, close = remote_model(server.url, server.keys["bench"], SEED)
     try:
         steps = {"remote": remote, "multilora": local_step("multilora"), "transformers": local_step("transformers")}
         batches = make_batches(SEED, args.steps, args.batch_size, args.length)
@@ -314,7 +304,6 @@ class Tenant:
             "seed": seed,
             "batch_size": args.tenant_batch,
             "length": args.tenant_length,
-            "direct_calls": args.direct_calls,
         }
         self.process = subprocess.Popen(
             [sys.executable, __file__, "--tenant-worker", json.dumps(spec)],
@@ -347,7 +336,7 @@ class Tenant:
 
 def tenant_worker(spec: dict[str, Any]) -> None:
     """A tenant process: add an adapter, warm up one step, say ready, then run ``go N`` until ``quit``."""
-    step, close = remote_model(spec["url"], spec["key"], spec["seed"], spec["direct_calls"])
+    step, close = remote_model(spec["url"], spec["key"], spec["seed"])
     batches = make_batches(spec["seed"], 4, spec["batch_size"], spec["length"])
     step(batches[-1])
     print(READY, flush=True)
@@ -419,11 +408,7 @@ def many_tenants(servers: dict[str, Server], args: argparse.Namespace, stack: co
             f"   (rounds: {rounds['batched']} vs {rounds['one-at-a-time']})"
         )
     if not per_pass["batched", max(args.tenants)][1]:
-        print(
-            "  WARNING: the batched server ran no shared pass, so it ran every call alone, like the other one. "
-            "twinkle_client's forward_backward sends micro_batch_size=None, and the server only shares calls "
-            "without that key; --direct-calls leaves it out."
-        )
+        print("  WARNING: the batched server ran no shared pass, so it ran every call alone, like the other one.")
 
 
 # ---------------------------------------------------------------------------- command line
@@ -442,12 +427,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5, help="measurements per server and tenant count in (2)")
     parser.add_argument(
         "--threads", type=int, default=os.cpu_count(), help="torch threads here and in each server (default: all)"
-    )
-    parser.add_argument(
-        "--direct-calls",
-        action="store_true",
-        help="send forward_backward as client.call(run_id, 'forward_backward', inputs=batch): the proxy method "
-        "also sends micro_batch_size=None, and the server never batches a call that names micro_batch_size",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: short sequences, 1 round, 1 step")
     parser.add_argument("--tenant-worker", help=argparse.SUPPRESS)  # internal: run as a tenant process
@@ -488,7 +467,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     disable_progress_bar()  # weight-loading bars would interleave with the results
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # raised inside PEFT, not ours
-    calls = "client.call without micro_batch_size" if args.direct_calls else "TransformersModel.forward_backward"
+    calls = "TransformersModel.forward_backward"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(
         f"model {MODEL_ID} on {device} (float32, {args.threads} torch threads here and in each server, "
