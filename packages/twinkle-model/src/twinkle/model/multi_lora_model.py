@@ -26,11 +26,10 @@ from peft import LoraConfig, PeftConfig
 
 from twinkle.errors import ConfigurationError
 from twinkle.infra import remote_class
-from twinkle.model import peft_adapters
 from twinkle.model.multi_lora_adapters import MultiLoraAdapter, create_adapter
 from twinkle.model.shared_pass import AdapterRequest, AdapterResult, forward_backward_many
 from twinkle.model.train_state import TrainState
-from twinkle.model.training_model import TrainingModel, seeded
+from twinkle.model.training_model import TrainingModel
 from twinkle.module import adapter_rows, remove_adapter
 from twinkle.module.lora_format import read_adapter_dir, write_adapter_dir
 from twinkle.registry import register
@@ -56,29 +55,12 @@ class MultiLoraModel(TrainingModel):
         self.max_rank = max_rank
         self._adapters: dict[str, MultiLoraAdapter] = {}
 
-    def add_adapter_to_model(
-        self,
-        adapter_name: str,
-        config_or_dir: PeftConfig | Mapping[str, Any] | str | Path,
-        gradient_accumulation_steps: int = 1,
-        seed: int | None = None,
-    ) -> None:
-        """Add a LoRA adapter (a ``LoraConfig``, a dict of its arguments, or a saved adapter directory).
-
-        ``seed`` makes the adapter's random initialisation independent of everything else drawn from
-        torch's RNG (the global RNG is left as it was).
-        """
-        self._check_new_adapter(adapter_name, gradient_accumulation_steps)
+    def _add_adapter(self, adapter_name: str, config: PeftConfig, directory: Path | None) -> list[torch.nn.Parameter]:
         if len(self._adapters) >= self.max_loras:
             raise ConfigurationError(
                 f"all {self.max_loras} adapter slots are in use ({sorted(self._adapters)}); remove one first"
             )
-        directory = Path(config_or_dir) if isinstance(config_or_dir, (str, Path)) else None
-        config = (
-            peft_adapters.read_adapter_config(directory) if directory else peft_adapters.as_peft_config(config_or_dir)
-        )
-        with seeded(seed):
-            adapter = create_adapter(self.model, adapter_name, config, self.max_rank)
+        adapter = create_adapter(self.model, adapter_name, config, self.max_rank)
         try:
             if directory:
                 adapter.load_state_dict(adapter_name, read_adapter_dir(directory)[1])
@@ -86,7 +68,7 @@ class MultiLoraModel(TrainingModel):
             remove_adapter(self.model, adapter_name)
             raise
         self._adapters[adapter_name] = adapter
-        self._states[adapter_name] = self._new_state(adapter_name, adapter.parameters(), gradient_accumulation_steps)
+        return adapter.parameters()
 
     def remove_adapter(self, adapter_name: str) -> None:
         """Drop an adapter with its optimizer, scheduler and gradients; its saved checkpoints stay loadable."""

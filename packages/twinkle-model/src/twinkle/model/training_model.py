@@ -8,8 +8,8 @@ scheduler, loss, processor, template, metrics and counters (:class:`TrainState`)
 
 Subclasses decide how adapters live in the model: :class:`TransformersModel`
 through PEFT, :class:`MultiLoraModel` as per-row multi-adapter layers. They
-implement :meth:`TrainingModel.add_adapter_to_model` and the three hooks
-``_adapter_scope``, ``_write_adapter`` and ``_load_adapter_weights``.
+implement the four hooks ``_add_adapter``, ``_adapter_scope``, ``_write_adapter``
+and ``_load_adapter_weights``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from twinkle.data_format import LossOutput, ModelOutput
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.hub import resolve_model
 from twinkle.infra import DeviceMesh
-from twinkle.model import checkpointing
+from twinkle.model import checkpointing, peft_adapters
 from twinkle.model.batching import BatchPreparer, GradGuard
 from twinkle.model.microbatch import check_loss_inputs, checked_loss, micro_batches
 from twinkle.model.token_logps import TokenLogpsResult, causal_token_logps, merge_token_counts
@@ -91,7 +91,6 @@ class TrainingModel(ABC):
     def adapter_names(self) -> list[str]:
         return [name for name in self._states if name != FULL_MODEL]
 
-    @abstractmethod
     def add_adapter_to_model(
         self,
         adapter_name: str,
@@ -104,6 +103,18 @@ class TrainingModel(ABC):
         ``seed`` makes the adapter's random initialisation independent of everything else drawn from
         torch's RNG (the global RNG is left as it was).
         """
+        self._check_new_adapter(adapter_name, gradient_accumulation_steps)
+        directory = Path(config_or_dir) if isinstance(config_or_dir, (str, Path)) else None
+        config = (
+            peft_adapters.read_adapter_config(directory) if directory else peft_adapters.as_peft_config(config_or_dir)
+        )
+        with seeded(seed):
+            params = self._add_adapter(adapter_name, config, directory)
+        self._states[adapter_name] = self._new_state(adapter_name, params, gradient_accumulation_steps)
+
+    @abstractmethod
+    def _add_adapter(self, adapter_name: str, config: PeftConfig, directory: Path | None) -> list[torch.nn.Parameter]:
+        """Create the adapter (weights from ``directory`` when given) and return its trainable parameters."""
 
     def _check_new_adapter(self, adapter_name: str, gradient_accumulation_steps: int) -> None:
         """Reject a bad name or accumulation count, a taken name, or a model already training all weights."""

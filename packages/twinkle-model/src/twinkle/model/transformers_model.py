@@ -7,17 +7,17 @@ For many adapters trained together in one pass, see :class:`MultiLoraModel`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
+import torch
 from peft import PeftConfig, PeftModel
 
 from twinkle.infra import remote_class
 from twinkle.model import peft_adapters
 from twinkle.model.train_state import TrainState
-from twinkle.model.training_model import TrainingModel, seeded
+from twinkle.model.training_model import TrainingModel
 from twinkle.registry import register
 
 
@@ -26,31 +26,12 @@ from twinkle.registry import register
 class TransformersModel(TrainingModel):
     """A transformers causal LM with PEFT LoRA adapters (or none); see :class:`TrainingModel` for the API."""
 
-    def add_adapter_to_model(
-        self,
-        adapter_name: str,
-        config_or_dir: PeftConfig | Mapping[str, Any] | str | Path,
-        gradient_accumulation_steps: int = 1,
-        seed: int | None = None,
-    ) -> None:
-        """Add a LoRA adapter (a ``LoraConfig``, a dict of its arguments, or a saved adapter directory).
-
-        ``seed`` makes the adapter's random initialisation independent of everything else drawn from
-        torch's RNG (the global RNG is left as it was).
-        """
-        self._check_new_adapter(adapter_name, gradient_accumulation_steps)
-        directory = Path(config_or_dir) if isinstance(config_or_dir, (str, Path)) else None
-        config = (
-            peft_adapters.read_adapter_config(directory) if directory else peft_adapters.as_peft_config(config_or_dir)
-        )
-        with seeded(seed):
-            self.model = peft_adapters.add_adapter(self.model, adapter_name, config)
+    def _add_adapter(self, adapter_name: str, config: PeftConfig, directory: Path | None) -> list[torch.nn.Parameter]:
+        self.model = peft_adapters.add_adapter(self.model, adapter_name, config)
         self._drop_unused_full_model_state()
         if directory:
             peft_adapters.load_adapter_weights(self.model, adapter_name, directory)
-        self._states[adapter_name] = self._new_state(
-            adapter_name, peft_adapters.adapter_parameters(self.model, adapter_name), gradient_accumulation_steps
-        )
+        return peft_adapters.adapter_parameters(self.model, adapter_name)
 
     @contextmanager
     def _adapter_scope(self, state: TrainState, batch_size: int) -> Iterator[None]:
