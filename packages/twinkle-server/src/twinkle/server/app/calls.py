@@ -39,8 +39,6 @@ def submit_long_call(
     state: ServerState, user: str, run_id: str, method: str, kwargs: dict[str, Any], idempotency_key: str | None
 ) -> str:
     """Queue the call and return its future id (the first call's, when the idempotency key repeats)."""
-    if kwargs.get("micro_batch_size", 0) is None:  # the default, spelled out: it must not keep a call out of a pass
-        del kwargs["micro_batch_size"]
     finish = _prepare(state, user, run_id, method, kwargs)
     check_features(state, kwargs.get("inputs"))  # a bad batch is the caller's 400 now, not a failed future later
     if method == SHARED_METHOD:
@@ -61,9 +59,10 @@ def submit_long_call(
             state.futures.fail(future.id, exc)
 
     shared = None
-    shareable = not state.pool.is_private(run_id) and "micro_batch_size" not in kwargs and "inputs" in kwargs
+    # micro_batch_size=None (the default, which the client spells out) must not keep a call out of a pass
+    shareable = not state.pool.is_private(run_id) and kwargs.get("micro_batch_size") is None and "inputs" in kwargs
     if method == SHARED_METHOD and shareable:
-        loss_inputs = {key: value for key, value in kwargs.items() if key != "inputs"}
+        loss_inputs = {key: value for key, value in kwargs.items() if key not in ("inputs", "micro_batch_size")}
         shared = AdapterRequest(run_id, kwargs["inputs"], loss_inputs)
     job = Job(
         queue_key=run_id,
