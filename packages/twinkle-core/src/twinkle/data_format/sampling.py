@@ -18,7 +18,8 @@ class SamplingParams(Serializable):
 
     ``top_k=-1`` and ``top_p=1.0`` disable those filters; ``temperature=0`` is greedy.
     ``logprobs`` asks for the sampled tokens' log-probabilities; an int ``k > 0``
-    also returns the top-k alternatives. ``stop`` holds strings and/or token ids.
+    also returns the top-k alternatives. ``stop`` holds strings and/or token ids;
+    the model's end-of-sequence tokens always stop too, unless ``ignore_eos``.
     """
 
     max_tokens: int = 256
@@ -31,6 +32,7 @@ class SamplingParams(Serializable):
     logprobs: bool | int = True
     prompt_logprobs: bool | int = False
     repetition_penalty: float = 1.0
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, (str, int)):
@@ -61,6 +63,7 @@ class SamplingParams(Serializable):
             f"seed must be a non-negative int, got {self.seed!r}",
         )
         need(_is_num(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty must be > 0")
+        need(isinstance(self.ignore_eos, bool), f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             need(isinstance(value, bool) or (_is_int(value) and value >= 0), f"{name} must be a bool or an int >= 0")

@@ -6,7 +6,17 @@
 
 from twinkle.model.multi_lora_model import MultiLoraModel
 from twinkle.model.shared_pass import AdapterRequest, AdapterResult
+from twinkle.model.targets import TargetSequence, TargetsOutput, target_logps
 from twinkle.model.training_model import TrainingModel
 from twinkle.model.transformers_model import TransformersModel
 
-__all__ = ["AdapterRequest", "AdapterResult", "MultiLoraModel", "TrainingModel", "TransformersModel"]
+__all__ = [
+    "AdapterRequest",
+    "AdapterResult",
+    "MultiLoraModel",
+    "TargetSequence",
+    "TargetsOutput",
+    "TrainingModel",
+    "TransformersModel",
+    "target_logps",
+]

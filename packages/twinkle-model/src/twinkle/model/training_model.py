@@ -33,6 +33,7 @@ from twinkle.infra import DeviceMesh
 from twinkle.model import checkpointing, peft_adapters
 from twinkle.model.batching import BatchPreparer, GradGuard
 from twinkle.model.microbatch import check_loss_inputs, checked_loss, micro_batches
+from twinkle.model.targets import LossFn, TargetSequence, TargetsOutput, run_targets, set_hyperparameters
 from twinkle.model.token_logps import TokenLogpsResult, causal_token_logps, merge_token_counts
 from twinkle.model.train_state import FULL_MODEL, TrainState, check_gradient_accumulation_steps
 from twinkle.model.training_metric import token_weighted_mean
@@ -272,6 +273,31 @@ class TrainingModel(ABC):
         if return_logits:
             output.logits = [t.cpu() for t in unpack(result.logits_BTV, batch)]
         return output
+
+    def forward_backward_targets(
+        self,
+        sequences: Sequence[TargetSequence],
+        loss_fn: LossFn | None = None,
+        adapter_name: str | None = None,
+        backward: bool = True,
+    ) -> TargetsOutput:
+        """Log-probs of arbitrary per-position targets (Tinker's layout), a caller's loss over them, and backward.
+
+        ``loss_fn(logps)`` gets one float32 tensor per sequence, shaped like its
+        targets and differentiable, and returns ``(loss, metrics)``. With
+        ``backward`` (needs ``loss_fn``) the loss is back-propagated (scaled by
+        1/gradient_accumulation_steps); on any error, a non-finite loss included,
+        gradients stay as they were. Without, it runs in eval mode under no_grad.
+        """
+        return run_targets(self, self._state(adapter_name), sequences, loss_fn, backward)
+
+    def update_optimizer(self, adapter_name: str | None = None, **hyperparameters: Any) -> None:
+        """Set hyper-parameters (``lr``, ``betas``, ``eps``, ``weight_decay``...) of the existing optimizer in place.
+
+        Its state (e.g. Adam moments) is kept. Only keys its param groups already
+        have are accepted. An LR scheduler, if set, may override ``lr`` on its next step.
+        """
+        set_hyperparameters(self._state(adapter_name).require_optimizer(), hyperparameters)
 
     def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
         """Clip this adapter's gradients to ``max_grad_norm`` (L2); returns the norm before clipping."""

@@ -198,7 +198,8 @@ class Sampler(ABC):
                     f"stop string {text!r} is {length} tokens long but max_tokens={params.max_tokens}: "
                     "it could never be generated in full"
                 )
-        return StopCriteria([*self.eos_token_ids, *ids], strings, self.decode)
+        eos_ids = [] if params.ignore_eos else self.eos_token_ids
+        return StopCriteria([*eos_ids, *ids], strings, self.decode)
 
 
 def _generation_config_eos_ids(model_dir: Path) -> list[int]:

@@ -159,6 +159,7 @@ def _vllm_params(params: SamplingParams, stop: StopCriteria) -> Any:
         top_p=params.top_p,
         seed=params.seed,
         repetition_penalty=params.repetition_penalty,
+        ignore_eos=params.ignore_eos,
         stop=list(stop.stop_strings),
         stop_token_ids=sorted(stop.stop_ids),
         logprobs=topk_count(params.logprobs) if requested(params.logprobs) else None,

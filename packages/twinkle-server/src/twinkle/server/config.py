@@ -58,6 +58,8 @@ class ServerConfig:
     # batches tenants together: every pass trains one request (for comparison, or strict isolation).
     max_tokens_per_pass: int = 32768
     session_timeout_s: float = 120.0
+    # Tinker SDK clients split a forward_backward into requests of at most this many datums.
+    tinker_chunk_datums: int = 1024
     api_keys_file: Path | None = None
     users: dict[str, UserConfig] = field(default_factory=dict)
     quotas: Quotas = field(default_factory=Quotas)
@@ -103,6 +105,7 @@ _TOP: dict[str, type] = {
     "max_rank": int,
     "max_tokens_per_pass": int,
     "session_timeout_s": float,
+    "tinker_chunk_datums": int,
     "api_keys_file": str,
     "users": dict,
     "quotas": dict,
@@ -166,7 +169,7 @@ def _problems(data: dict[str, Any], base_dir: Path) -> list[str]:
     for key in ("model_id", "host"):
         if not merged[key].strip():
             problems.append(f"{key}: must not be empty")
-    for key in ("max_loras", "max_rank", "session_timeout_s"):
+    for key in ("max_loras", "max_rank", "session_timeout_s", "tinker_chunk_datums"):
         if merged[key] <= 0:
             problems.append(f"{key}: must be positive, got {merged[key]}")
     if merged["max_tokens_per_pass"] < 0:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from twinkle.errors import InvalidInputError
 
+# Sampler-only checkpoints (Tinker's ``sampler_weights/<name>``) live in this folder of a run's checkpoints.
+SAMPLER_WEIGHTS_DIR = "sampler_weights"
 _MAX_NAME_BYTES = 255  # the usual file-name limit (ext4, APFS, NTFS)
 
 

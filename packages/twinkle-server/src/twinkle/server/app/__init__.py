@@ -15,6 +15,8 @@ from twinkle.server.app.http import error_reply
 from twinkle.server.app.state import ServerState
 from twinkle.server.config import ServerConfig
 from twinkle.server.store import Store
+from twinkle.server.tinker import app as tinker_api
+from twinkle.server.tinker.replies import error_reply as tinker_error_reply
 
 
 def create_app(config: ServerConfig, store: Store | None = None) -> FastAPI:
@@ -23,6 +25,7 @@ def create_app(config: ServerConfig, store: Store | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.server = ServerState.start(config, store)
+        app.state.tinker = tinker_api.start(app.state.server)
         try:
             yield
         finally:
@@ -31,6 +34,7 @@ def create_app(config: ServerConfig, store: Store | None = None) -> FastAPI:
     app = FastAPI(title="Twinkle server", version=routes_misc.VERSION, lifespan=lifespan)
     for router in (routes_misc.router, routes_misc.api, routes_runs.router):
         app.include_router(router)
+    tinker_api.include_routers(app)
 
     # Expected errors (a TwinkleError names what the caller must fix) are answered here; anything else
     # is a server bug, answered 500 by the outermost handler (which also logs it).
@@ -41,6 +45,8 @@ def create_app(config: ServerConfig, store: Store | None = None) -> FastAPI:
 
 
 async def _error_handler(request: Request, exc: Exception) -> Response:
+    if tinker_api.is_tinker_path(request.url.path):  # the SDK reads statuses and bodies its own way
+        return tinker_error_reply(exc)
     return error_reply(request, exc)
 
 

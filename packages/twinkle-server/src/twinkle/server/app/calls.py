@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from twinkle.data_format import validate_input_feature
@@ -17,7 +18,7 @@ from twinkle.errors import ConfigurationError, InvalidInputError, ResourceNotFou
 from twinkle.model import AdapterRequest
 from twinkle.model.microbatch import check_loss_inputs
 from twinkle.server.app.state import ServerState
-from twinkle.server.paths import safe_child
+from twinkle.server.paths import SAMPLER_WEIGHTS_DIR, safe_child
 from twinkle.server.services.components import check_call_components
 from twinkle.server.services.convert import to_wire
 from twinkle.server.services.pool import LONG_METHODS, SHORT_METHODS
@@ -123,9 +124,14 @@ def delete_checkpoint(state: ServerState, user: str, run_id: str, name: str) -> 
     checkpoint = state.store.get_checkpoint(user, run_id, name)
     if checkpoint is None:
         raise ResourceNotFoundError(f"run {run_id!r} has no checkpoint {name!r}")
-    path = safe_child(state.config.checkpoint_dir, user, run_id, name)
+    path = checkpoint_directory(state, user, run_id, name)
     state.store.delete_checkpoint(user, run_id, name)
     shutil.rmtree(path, ignore_errors=True)
+
+
+def checkpoint_directory(state: ServerState, user: str, run_id: str, name: str) -> Path:
+    """Where checkpoint ``name`` of the run lives (Tinker's sampler weights are ``sampler_weights/<name>``)."""
+    return safe_child(state.config.checkpoint_dir, user, run_id, *name.split("/"))
 
 
 def _prepare(state: ServerState, user: str, run_id: str, method: str, kwargs: dict[str, Any]) -> Any:
@@ -136,6 +142,8 @@ def _prepare(state: ServerState, user: str, run_id: str, method: str, kwargs: di
     if method == "save":
         name = kwargs.get("name")
         safe_child(state.config.checkpoint_dir, user, run_id, name)  # refuses traversal before anything runs
+        if name == SAMPLER_WEIGHTS_DIR:
+            raise InvalidInputError(f"the checkpoint name {name!r} is reserved for sampler weights saved over Tinker")
         kwargs["output_dir"] = str(safe_child(state.config.checkpoint_dir, user, run_id))
 
         def record(path: Any) -> str:
@@ -158,6 +166,6 @@ def resolve_checkpoint(state: ServerState, user: str, run_id: str, reference: An
     checkpoint = state.store.get_checkpoint(user, source_run, name)
     if checkpoint is None:
         raise ResourceNotFoundError(f"no checkpoint {reference!r}")
-    if not safe_child(state.config.checkpoint_dir, user, source_run, name).is_dir():
+    if not checkpoint_directory(state, user, source_run, name).is_dir():
         raise ConfigurationError(f"checkpoint {reference!r} is recorded but its files are gone")
     return checkpoint.path

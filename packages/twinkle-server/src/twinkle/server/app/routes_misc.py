@@ -71,6 +71,8 @@ async def get_future(future_id: str, request: Request, wait: float = 0.0) -> Res
     user = caller(request)
     timeout = min(max(wait, 0.0), MAX_WAIT_S)
     future = await server(request).futures.wait(user, future_id, timeout)
+    if future.method.startswith("tinker."):
+        raise InvalidInputError(f"{future_id!r} is a Tinker request; poll it with POST /api/v1/retrieve_future")
     if future.status == "done":
         return reply(request, {"status": "done", "result": wire.decode(future.result)})
     if future.status == "failed":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from twinkle.server.app.telemetry import Telemetry
@@ -32,6 +33,8 @@ class ServerState:
     data: DataHandles
     quotas: QuotaChecker
     telemetry: Telemetry
+    # Called on the scheduler's thread with a run id when the run's adapter leaves the pool.
+    release_hooks: list[Callable[[str], None]] = field(default_factory=list)
     _reaper_stop: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
@@ -60,7 +63,13 @@ class ServerState:
 
     def release_run(self, user: str, run_id: str) -> None:
         """Take a run's adapter out of the pool (memory freed); its checkpoints stay."""
-        self.scheduler.call(run_id, lambda: self.pool.remove_run(run_id), timeout=600, labels=(user, "release_run"))
+
+        def release() -> None:
+            self.pool.remove_run(run_id)
+            for hook in self.release_hooks:
+                hook(run_id)
+
+        self.scheduler.call(run_id, release, timeout=600, labels=(user, "release_run"))
         self.store.set_resident(user, run_id, False)
 
     def close_session(self, user: str, session_id: str) -> bool:

@@ -42,7 +42,11 @@ class Futures:
         self.store.start_future(future_id)
 
     def resolve(self, future_id: str, result: Any) -> None:
-        self.store.finish_future(future_id, wire.encode(result))
+        self.resolve_raw(future_id, wire.encode(result))
+
+    def resolve_raw(self, future_id: str, payload: bytes) -> None:
+        """Finish with an already encoded result (the Tinker API stores its replies as they are sent)."""
+        self.store.finish_future(future_id, payload)
         self._wake(future_id)
 
     def fail(self, future_id: str, error: BaseException) -> None:

@@ -21,7 +21,7 @@ from peft import LoraConfig
 from twinkle.checkpoint_engine import CheckpointEngineManager
 from twinkle.data_format import SampleResponse, SamplingParams
 from twinkle.errors import InvalidInputError
-from twinkle.model import AdapterRequest, AdapterResult, MultiLoraModel, TransformersModel
+from twinkle.model import AdapterRequest, AdapterResult, MultiLoraModel, TrainingModel, TransformersModel
 from twinkle.module import adapter_names
 from twinkle.registry import build
 from twinkle.sampler import TorchSampler
@@ -109,6 +109,10 @@ class ModelPool:
         adapter = run_id if run_id in model.adapter_names else None
         return getattr(model, method)(adapter_name=adapter, **kwargs)
 
+    def model_of(self, run_id: str) -> TrainingModel:
+        """The model holding the run: its private one, or the shared multi-LoRA base."""
+        return self._private.get(run_id, self.model)
+
     def forward_backward_many(self, requests: Sequence[AdapterRequest]) -> list[AdapterResult]:
         return self.model.forward_backward_many(requests)
 
@@ -127,6 +131,26 @@ class ModelPool:
         sampler, adapter = self._sampler_for(run_id, base_path)
         sampler.set_template(self.template(template, sampler.model_path))
         return sampler.sample(inputs, sampling_params, adapter_name=adapter, num_samples=num_samples)
+
+    def snapshot_adapter(self, run_id: str, name: str) -> None:
+        """Serve the run's current LoRA weights as sampler adapter ``name``: later training does not change it."""
+        if run_id not in self.model.adapter_names:
+            raise InvalidInputError(f"run {run_id!r} is not a LoRA adapter on the shared base model")
+        config, state_dict = self.model.lora_payload(run_id)
+        self._sampler(self.model_path).add_adapter(name, config, state_dict)
+
+    def load_sampler_adapter(self, name: str, path: str) -> None:
+        """Serve a saved LoRA adapter directory as sampler adapter ``name``."""
+        self._sampler(self.model_path).load_adapter(name, path)
+
+    def drop_sampler_adapter(self, name: str) -> None:
+        sampler = self._sampler(self.model_path)
+        if name in sampler.adapter_names:
+            sampler.remove_adapter(name)
+
+    def sample_adapter(self, adapter: str | None, inputs: Any, sampling_params: SamplingParams) -> SampleResponse:
+        """Sample with sampler adapter ``adapter`` as it is (no sync), or with the base model."""
+        return self._sampler(self.model_path).sample(inputs, sampling_params, adapter_name=adapter)
 
     def template(self, spec: Mapping[str, Any] | None, model_path: str | None = None) -> Any:
         """A registered template from ``{"name", "kwargs"}`` for ``model_path``, built once per spec."""

@@ -12,7 +12,7 @@ import re
 import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from twinkle.errors import InvalidInputError
@@ -70,7 +70,8 @@ class Run:
     """A training run; ``resident`` says whether its adapter (or model) is loaded right now.
 
     ``lora_config`` is None for a run that trains every weight; ``base_model`` is the
-    ``twinkle://`` checkpoint a run starts from, None for the server's base model.
+    ``twinkle://`` checkpoint a run starts from, None for the server's base model;
+    ``metadata`` is what the client attached (e.g. Tinker's ``user_metadata``).
     """
 
     id: str
@@ -81,6 +82,7 @@ class Run:
     created_at: float
     resident: bool
     base_model: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self, checkpoints: Sequence[Checkpoint] = ()) -> dict[str, Any]:
         """The wire form of ``GET /runs/{run_id}``."""
@@ -163,8 +165,13 @@ class Store(ABC):
         lora_config: dict[str, Any] | None,
         gradient_accumulation_steps: int = 1,
         base_model: str | None = None,
+        run_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> Run | None:
-        """A new resident run; None when ``session_id`` is not an open session of ``user``."""
+        """A new resident run; None when ``session_id`` is not an open session of ``user``.
+
+        ``run_id`` defaults to a new unguessable ``run-`` id; a given one that exists raises InvalidInputError.
+        """
 
     @abstractmethod
     def get_run(self, user: str, run_id: str) -> Run | None: ...

@@ -35,6 +35,7 @@ def run(row: sqlite3.Row) -> Run:
         row["created_at"],
         bool(row["resident"]),
         row["base_model"],
+        json.loads(row["metadata"] or "{}"),
     )
 
 

@@ -61,6 +61,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # Runs that train every weight (lora_config null) or start from a tenant's own checkpoint.
     ("ALTER TABLE runs ADD COLUMN base_model TEXT",),
+    # What a client attached to a run (Tinker's user_metadata, LoRA rank and trained modules), as JSON.
+    ("ALTER TABLE runs ADD COLUMN metadata TEXT",),
 )
 
 

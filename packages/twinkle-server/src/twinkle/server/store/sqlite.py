@@ -164,14 +164,17 @@ class SQLiteStore(Store):
         lora_config: dict[str, Any] | None,
         gradient_accumulation_steps: int = 1,
         base_model: str | None = None,
+        run_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> Run | None:
         if isinstance(gradient_accumulation_steps, bool) or not isinstance(gradient_accumulation_steps, int):
             raise InvalidInputError(f"gradient_accumulation_steps must be an int, got {gradient_accumulation_steps!r}")
         if gradient_accumulation_steps < 1:
             raise InvalidInputError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}")
         config_json = rows.to_json(lora_config, "lora_config")
+        metadata_json = rows.to_json(dict(metadata or {}), "metadata")
         run = Run(
-            new_id("run"),
+            run_id or new_id("run"),
             user,
             session_id,
             json.loads(config_json),
@@ -179,14 +182,18 @@ class SQLiteStore(Store):
             self._clock(),
             True,
             base_model,
+            json.loads(metadata_json),
         )
         with self._tx() as conn:
             if not _open_session(conn, user, session_id):
                 return None
+            if conn.execute("SELECT 1 FROM runs WHERE id = ?", (run.id,)).fetchone():
+                raise InvalidInputError(f"run id {run.id!r} is taken")
             conn.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, 1, ?)",
-                (run.id, user, session_id, config_json, gradient_accumulation_steps, run.created_at, base_model),
-            )
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?)",
+                (run.id, user, session_id, config_json, gradient_accumulation_steps, run.created_at, base_model,
+                 metadata_json),
+            )  # fmt: skip
         return run
 
     def get_run(self, user: str, run_id: str) -> Run | None:

@@ -1,0 +1,237 @@
+"""The unmodified ``tinker`` SDK (0.38) against a real ``twinkle server`` process: every call it makes in normal use.
+
+One server per module (``tinker_chunk_datums: 2``, so a forward_backward of
+five datums arrives as three chunks, the first one last). Each test checks
+what a Tinker user relies on: shapes and dtypes, ``tinker://`` paths, the
+numbers against ``forward``'s log-probs, and the SDK's own exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tinker
+from tinker import types
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tinker_harness import BASE_MODEL, logprobs_of, rest_client, rl_datum, service_client, sft_datum, weights_of
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server(start_server):
+    return start_server(["alice", "bob"], tinker_chunk_datums=2, max_loras=12)
+
+
+@pytest.fixture(scope="module")
+def alice(server):
+    client = service_client(server, "alice")
+    yield client
+    client.close("success").result()
+
+
+@pytest.fixture(scope="module")
+def trainer(alice):
+    return alice.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=0).result()
+
+
+def test_capabilities_list_the_base_model(server):
+    capabilities = rest_client(server, "alice").get_server_capabilities().result()
+    assert [model.model_name for model in capabilities.supported_models] == [BASE_MODEL]
+
+
+def test_training_client_info_and_tokenizer(trainer):
+    info = trainer.get_info()
+    assert info.is_lora and info.lora_rank == 8
+    assert info.model_id.endswith(":train:0")
+    tokenizer = trainer.get_tokenizer()  # loaded offline from the server's local model folder
+    assert tokenizer.decode(tokenizer.encode("hello world")) == "hello world"
+
+
+def test_forward_returns_float32_logprobs_and_the_exact_cross_entropy_sum(trainer):
+    data = [sft_datum(1), sft_datum(2, length=6)]
+    output = trainer.forward(data, "cross_entropy").result()
+    logprobs = logprobs_of(output)
+    assert [item["logprobs"].dtype for item in output.loss_fn_outputs] == ["float32", "float32"]
+    assert [len(lp) for lp in logprobs] == [10, 6]
+    assert all((lp < 0).all() for lp in logprobs)
+    expected = -sum(float((lp * weights_of(datum)).sum()) for lp, datum in zip(logprobs, data, strict=True))
+    assert output.metrics["loss:sum"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_pipelined_forward_backward_and_optim_step_lower_the_loss(alice):
+    trainer = alice.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=1).result()
+    data = [sft_datum(10), sft_datum(11)]
+    before = trainer.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    fwdbwd = trainer.forward_backward(data, "cross_entropy")
+    step = trainer.optim_step(types.AdamParams(learning_rate=1e-2))  # sent before the first one finished
+    assert fwdbwd.result().metrics["loss:sum"] == pytest.approx(before, rel=1e-5)
+    assert step.result().metrics["grad_norm:mean"] > 0
+    after = trainer.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    assert after < before
+
+
+@pytest.mark.parametrize(
+    ("loss_fn", "config", "extra"),
+    [
+        ("importance_sampling", None, {}),
+        ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}, {}),
+        ("cispo", {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}, {}),
+        ("dro", {"beta": 0.1}, {}),
+        ("gspo", None, {"sequence_ratio_mask": [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]}),
+    ],
+)
+def test_every_rl_loss_trains_and_reports_its_sum(trainer, loss_fn, config, extra):
+    sampler_logprobs = [0.0, 0.0, -3.0, -2.5, -4.0, -1.0]
+    advantages = [0.0, 0.0, 1.0, 1.0, -0.5, -0.5]
+    datum = rl_datum(3, sampler_logprobs, advantages, **extra)
+    output = trainer.forward_backward([datum], loss_fn, loss_fn_config=config).result()
+    assert np.isfinite(output.metrics["loss:sum"])
+    assert len(logprobs_of(output)[0]) == 6
+    trainer.optim_step(types.AdamParams(learning_rate=0.0)).result()  # drop the gradients, keep the weights
+
+
+def test_importance_sampling_value_matches_forward_logprobs(trainer):
+    sampler_logprobs = np.array([0.0, -1.0, -2.0, -3.0], dtype=np.float32)
+    advantages = np.array([0.0, 1.0, -1.0, 2.0], dtype=np.float32)
+    datum = rl_datum(4, list(sampler_logprobs), list(advantages))
+    logprobs = logprobs_of(trainer.forward([sft_datum(4, length=4)], "cross_entropy").result())[0]
+    output = trainer.forward([datum], "importance_sampling").result()
+    expected = -float((np.exp(logprobs - sampler_logprobs) * advantages).sum())
+    assert output.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_chunked_forward_backward_arrives_out_of_order_and_merges(trainer):
+    data = [sft_datum(20 + i, length=4 + i) for i in range(5)]  # three chunks of at most 2 datums
+    forward = trainer.forward(data, "cross_entropy").result()
+    output = trainer.forward_backward(data, "cross_entropy").result()
+    assert [len(lp) for lp in logprobs_of(output)] == [4, 5, 6, 7, 8]
+    for got, want in zip(logprobs_of(output), logprobs_of(forward), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    assert output.metrics["loss:sum"] == pytest.approx(forward.metrics["loss:sum"], rel=1e-5)
+    trainer.optim_step(types.AdamParams(learning_rate=0.0)).result()
+
+
+def test_saves_return_tinker_paths_listed_by_the_rest_client(server, trainer):
+    state_path = trainer.save_state("ckpt-1").result().path
+    sampler_path = trainer.save_weights_for_sampler("samp-1").result().path
+    run_id = trainer.get_info().model_id
+    assert state_path == f"tinker://{run_id}/weights/ckpt-1"
+    assert sampler_path == f"tinker://{run_id}/sampler_weights/samp-1"
+    parsed = types.ParsedCheckpointTinkerPath.from_tinker_path(state_path)
+    assert (parsed.training_run_id, parsed.checkpoint_type) == (run_id, "training")
+    rest = rest_client(server, "alice")
+    listed = rest.list_checkpoints(run_id).result().checkpoints
+    assert {(c.checkpoint_id, c.checkpoint_type) for c in listed} >= {
+        ("weights/ckpt-1", "training"),
+        ("sampler_weights/samp-1", "sampler"),
+    }
+    run = rest.get_training_run_by_tinker_path(state_path).result()
+    assert (run.training_run_id, run.is_lora, run.lora_rank) == (run_id, True, 8)
+    assert rest.get_training_run(run_id).result().last_checkpoint.checkpoint_id == "weights/ckpt-1"
+
+
+def test_sampling_from_a_snapshot_a_saved_path_and_the_base_model(alice, trainer):
+    prompt = types.ModelInput.from_ints([151644, 872, 198, 9707])
+    params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=7)
+    snapshot = trainer.save_weights_and_get_sampling_client().result()
+    result = snapshot.sample(prompt, num_samples=2, sampling_params=params).result()
+    assert len(result.sequences) == 2
+    for sequence in result.sequences:
+        assert 1 <= len(sequence.tokens) <= 5
+        assert len(sequence.logprobs) == len(sequence.tokens)
+        assert sequence.stop_reason in ("stop", "length")
+        assert sequence.sequence_id
+    path = trainer.save_weights_for_sampler("samp-2").result().path
+    from_path = alice.create_sampling_client(model_path=path).result()
+    assert from_path.get_base_model() == BASE_MODEL
+    again = from_path.sample(prompt, num_samples=2, sampling_params=params).result()
+    assert [s.tokens for s in again.sequences] == [s.tokens for s in result.sequences]  # same weights, same seed
+    base = alice.create_sampling_client(base_model=BASE_MODEL).result()
+    assert len(base.sample(prompt, num_samples=1, sampling_params=params).result().sequences) == 1
+
+
+def test_compute_logprobs_equals_training_forward(alice, trainer):
+    tokens = [151644, 872, 198, 9707, 11, 1879, 0]
+    path = trainer.save_weights_for_sampler("samp-logprobs").result().path
+    sampler = alice.create_sampling_client(model_path=path).result()
+    logprobs = sampler.compute_logprobs(types.ModelInput.from_ints(tokens)).result()
+    assert logprobs[0] is None
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+    )
+    trained = logprobs_of(trainer.forward([datum], "cross_entropy").result())[0]
+    np.testing.assert_allclose(np.array(logprobs[1:], dtype=np.float64), trained, atol=1e-5)
+
+
+def test_async_api(server):
+    async def run() -> int:
+        client = service_client(server, "bob")
+        trainer = await client.create_lora_training_client(base_model=BASE_MODEL, rank=4)
+        output = await trainer.forward_backward([sft_datum(30)], "cross_entropy")
+        sampler = await client.create_sampling_client(base_model=BASE_MODEL)
+        params = types.SamplingParams(max_tokens=3, temperature=0.0)
+        sampled = await sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, params)
+        await client.close("success")
+        assert output.metrics["loss:sum"] > 0
+        return len(sampled.sequences)
+
+    assert asyncio.run(run()) == 1
+
+
+def test_create_from_state_with_optimizer_resumes_training(alice):
+    trainer = alice.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=2).result()
+    data = [sft_datum(40)]
+    trainer.forward_backward(data, "cross_entropy").result()
+    trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    path = trainer.save_state("resume").result().path
+    resumed = alice.create_training_client_from_state_with_optimizer(path).result()
+    assert ":train:" in resumed.get_info().model_id
+    original = trainer.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    assert resumed.forward(data, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(original, rel=1e-6)
+    for client in (trainer, resumed):  # the same step from the same state (incl. Adam moments) gives the same loss
+        client.forward_backward(data, "cross_entropy").result()
+        client.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    after = [c.forward(data, "cross_entropy").result().metrics["loss:sum"] for c in (trainer, resumed)]
+    assert after[0] == pytest.approx(after[1], rel=1e-5)
+
+
+def test_rest_client_deletes_a_checkpoint(server, trainer):
+    path = trainer.save_state("to-delete").result().path
+    rest = rest_client(server, "alice")
+    rest.delete_checkpoint_from_tinker_path(path).result()
+    ids = [c.checkpoint_id for c in rest.list_checkpoints(trainer.get_info().model_id).result().checkpoints]
+    assert "weights/to-delete" not in ids
+    with pytest.raises(tinker.NotFoundError):
+        rest.get_weights_info_by_tinker_path(path).result()
+
+
+def test_errors_surface_as_the_sdk_exceptions(server, alice, trainer):
+    rest = rest_client(server, "alice")
+    with pytest.raises(tinker.NotFoundError):
+        rest.get_training_run("no-such-run").result()
+    with pytest.raises(tinker.BadRequestError, match="unknown loss"):
+        trainer.forward_backward([sft_datum(50)], "not_a_loss").result()
+    with pytest.raises(tinker.BadRequestError, match="unknown base model"):
+        alice.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=8).result()
+    # another user's sampler path is not found, as if it did not exist
+    path = trainer.save_weights_for_sampler("private").result().path
+    with pytest.raises(tinker.NotFoundError):
+        service_client(server, "bob").create_sampling_client(model_path=path).result()
+    # the server keeps serving: the same client trains on
+    assert trainer.forward([sft_datum(51)], "cross_entropy").result().metrics["loss:sum"] > 0
+
+
+def test_close_finishes_the_session(server):
+    client = service_client(server, "bob")
+    trainer = client.create_lora_training_client(base_model=BASE_MODEL, rank=4).result()
+    model_id = trainer.get_info().model_id
+    client.close("success").result()
+    run = rest_client(server, "bob").get_training_run(model_id).result()
+    assert run.training_run_id == model_id  # the run and its checkpoints outlive the session

@@ -1,0 +1,81 @@
+"""Tinker's saves and loads: checkpoints of a run in the server's store, shared with the native API."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from twinkle.errors import ConfigurationError, InvalidInputError, ResourceNotFoundError
+from twinkle.server.app.calls import checkpoint_directory
+from twinkle.server.paths import safe_child
+from twinkle.server.tinker.jobs import Caller
+from twinkle.server.tinker.paths import CheckpointPath, parse_path
+from twinkle.server.tinker.replies import json_result
+
+
+def check_new_checkpoint(caller: Caller, target: CheckpointPath, overwrite: bool) -> None:
+    """Refuse a name that cannot be a folder, or one already saved unless ``overwrite``."""
+    safe_child(caller.state.config.checkpoint_dir, caller.user, target.run_id, target.name)
+    if not overwrite and caller.state.store.get_checkpoint(caller.user, target.run_id, target.store_name):
+        raise InvalidInputError(f"checkpoint {target.tinker_path!r} exists; pass overwrite=True to replace it")
+
+
+def save(caller: Caller, target: CheckpointPath) -> bytes:
+    """Write the run's adapter (with optimizer state for a training checkpoint) and record it."""
+    state, run_id = caller.state, target.run_id
+    directory = checkpoint_directory(state, caller.user, run_id, target.store_name)
+    path = state.pool.model.save(
+        directory.name,
+        output_dir=str(directory.parent),
+        save_optimizer=target.kind == "training",
+        adapter_name=run_id,
+    )
+    state.store.add_checkpoint(caller.user, run_id, target.store_name, str(path))
+    caller.tinker.forget_loaded(sampler_adapter_name(caller.user, target))  # a sampler must not serve the old files
+    return json_result({"path": target.tinker_path})
+
+
+def resolve(caller: Caller, path: object) -> tuple[CheckpointPath, Path]:
+    """A checkpoint path of the caller's (any of their runs) and its folder; 404 for anything else."""
+    target = parse_path(path)
+    checkpoint = caller.state.store.get_checkpoint(caller.user, target.run_id, target.store_name)
+    if checkpoint is None:
+        raise ResourceNotFoundError(f"no checkpoint {target.tinker_path!r}")
+    directory = checkpoint_directory(caller.state, caller.user, target.run_id, target.store_name)
+    if not directory.is_dir():
+        raise ConfigurationError(f"checkpoint {target.tinker_path!r} is recorded but its files are gone")
+    return target, Path(checkpoint.path)
+
+
+def load(caller: Caller, run_id: str, directory: Path, with_optimizer: bool) -> bytes:
+    caller.state.pool.model.load(str(directory), adapter_name=run_id, load_optimizer=with_optimizer)
+    return json_result({"model_id": run_id, "type": "load_weights"})
+
+
+def delete(caller: Caller, target: CheckpointPath) -> None:
+    state = caller.state
+    if state.store.get_checkpoint(caller.user, target.run_id, target.store_name) is None:
+        raise ResourceNotFoundError(f"no checkpoint {target.tinker_path!r}")
+    directory = checkpoint_directory(state, caller.user, target.run_id, target.store_name)
+    state.store.delete_checkpoint(caller.user, target.run_id, target.store_name)
+    shutil.rmtree(directory, ignore_errors=True)
+    caller.tinker.forget_loaded(sampler_adapter_name(caller.user, target))
+
+
+def sampler_adapter_name(user: str, target: CheckpointPath) -> str:
+    """The sampler adapter serving a saved checkpoint (users' run ids never collide: they embed the session)."""
+    return f"ckpt:{user}:{target.run_id}/{target.store_name}"
+
+
+def lora_rank_of(caller: Caller, target: CheckpointPath) -> int:
+    run = caller.state.store.get_run(caller.user, target.run_id)
+    if run is None or run.lora_config is None:
+        raise InvalidInputError(f"{target.tinker_path!r} is not a LoRA checkpoint")
+    return int(run.lora_config.get("r", 8))
+
+
+def source_lora_config(caller: Caller, target: CheckpointPath) -> dict:
+    run = caller.state.store.get_run(caller.user, target.run_id)
+    if run is None or run.lora_config is None:
+        raise InvalidInputError(f"{target.tinker_path!r} is not a LoRA checkpoint: Tinker trains LoRA adapters only")
+    return dict(run.lora_config)

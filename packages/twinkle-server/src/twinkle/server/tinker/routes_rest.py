@@ -1,0 +1,99 @@
+"""The ``RestClient`` endpoints: training runs, their checkpoints, and weights info."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from twinkle.errors import InvalidInputError, ResourceNotFoundError
+from twinkle.server.store.base import Checkpoint, Run
+from twinkle.server.tinker import checkpoints
+from twinkle.server.tinker.http import PREFIX, owned_run, read_body, reply, tinker_caller
+from twinkle.server.tinker.jobs import Caller
+from twinkle.server.tinker.paths import CheckpointPath, parse_checkpoint_id, parse_path
+
+router = APIRouter(prefix=PREFIX)
+
+
+def _time(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat()
+
+
+def _checkpoint(run_id: str, checkpoint: Checkpoint) -> dict[str, Any]:
+    path = CheckpointPath.from_store_name(run_id, checkpoint.name)
+    return {"checkpoint_id": path.checkpoint_id, "checkpoint_type": path.kind, "time": _time(checkpoint.created_at),
+            "tinker_path": path.tinker_path, "public": False}  # fmt: skip
+
+
+def _training_run(caller: Caller, run: Run) -> dict[str, Any]:
+    saved = caller.state.store.list_checkpoints(caller.user, run.id) or []
+    listed = [_checkpoint(run.id, checkpoint) for checkpoint in saved]
+    last = {kind: next((c for c in reversed(listed) if c["checkpoint_type"] == kind), None)
+            for kind in ("training", "sampler")}  # fmt: skip
+    metadata = run.metadata.get("user_metadata") or {}
+    return {
+        "training_run_id": run.id,
+        "base_model": run.metadata.get("base_model") or caller.state.config.model_id,
+        "model_owner": caller.user,
+        "is_lora": run.lora_config is not None,
+        "lora_rank": None if run.lora_config is None else run.lora_config.get("r"),
+        "last_request_time": _time(run.created_at),
+        "corrupted": False,
+        "last_checkpoint": last["training"],
+        "last_sampler_checkpoint": last["sampler"],
+        "user_metadata": {str(key): str(value) for key, value in metadata.items()} or None,
+    }
+
+
+def _page(total: int, limit: int, offset: int) -> dict[str, int]:
+    if limit < 1 or offset < 0:
+        raise InvalidInputError(f"limit must be >= 1 and offset >= 0, got limit={limit}, offset={offset}")
+    return {"offset": offset, "limit": limit, "total_count": total}
+
+
+@router.get("/training_runs")
+async def list_training_runs(request: Request, limit: int = 20, offset: int = 0) -> JSONResponse:
+    caller = tinker_caller(request)
+    runs = list(reversed(caller.state.store.list_runs(caller.user)))  # newest first
+    cursor = _page(len(runs), limit, offset)
+    return reply({"training_runs": [_training_run(caller, run) for run in runs[offset : offset + limit]],
+                  "cursor": cursor})  # fmt: skip
+
+
+@router.get("/training_runs/{run_id}")
+async def get_training_run(run_id: str, request: Request) -> JSONResponse:
+    caller = tinker_caller(request)
+    return reply(_training_run(caller, owned_run(caller, run_id)))
+
+
+@router.get("/training_runs/{run_id}/checkpoints")
+async def list_checkpoints(run_id: str, request: Request, limit: int = 1000, offset: int = 0) -> JSONResponse:
+    caller = tinker_caller(request)
+    owned_run(caller, run_id)
+    saved = caller.state.store.list_checkpoints(caller.user, run_id) or []
+    cursor = _page(len(saved), limit, offset)
+    return reply({"checkpoints": [_checkpoint(run_id, c) for c in saved[offset : offset + limit]], "cursor": cursor})
+
+
+@router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
+async def delete_checkpoint(run_id: str, checkpoint_id: str, request: Request) -> JSONResponse:
+    caller = tinker_caller(request)
+    owned_run(caller, run_id)
+    await run_in_threadpool(checkpoints.delete, caller, parse_checkpoint_id(run_id, checkpoint_id))
+    return reply({})
+
+
+@router.post("/weights_info")
+async def weights_info(request: Request) -> JSONResponse:
+    caller, body = tinker_caller(request), await read_body(request)
+    target = parse_path(body.get("tinker_path"))
+    run = caller.state.store.get_run(caller.user, target.run_id)
+    if run is None or caller.state.store.get_checkpoint(caller.user, target.run_id, target.store_name) is None:
+        raise ResourceNotFoundError(f"no checkpoint {body.get('tinker_path')!r}")
+    return reply({"base_model": run.metadata.get("base_model") or caller.state.config.model_id,
+                  "is_lora": run.lora_config is not None,
+                  "lora_rank": None if run.lora_config is None else run.lora_config.get("r")})  # fmt: skip

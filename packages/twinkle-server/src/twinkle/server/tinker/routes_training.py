@@ -1,0 +1,210 @@
+"""Training clients: create (fresh or from a checkpoint), forward/backward, optimizer steps, saves, futures."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from tinker import types
+
+from twinkle.errors import InvalidInputError, ResourceNotFoundError
+from twinkle.server.tinker import checkpoints, training
+from twinkle.server.tinker.codec import decode_forward_backward
+from twinkle.server.tinker.http import (
+    PREFIX,
+    check_base_model,
+    future,
+    parse,
+    reply,
+    resident_run,
+    tinker_caller,
+)
+from twinkle.server.tinker.jobs import METHOD_PREFIX, Caller, skip_turn, submit
+from twinkle.server.tinker.paths import CheckpointPath, training_run_id
+from twinkle.server.tinker.replies import POLL_WAIT_S, future_reply
+from twinkle.server.tinker.routes_sampling import snapshot_work
+from twinkle.utils import get_logger
+
+router = APIRouter(prefix=PREFIX)
+logger = get_logger(__name__)
+
+
+def _new_run(
+    caller: Caller, session_id: str, model_seq_id: int, config: dict, metadata: dict, then: Callable[[], bytes] | None
+) -> JSONResponse:
+    """Record and load a new model (its first request, seq 0); ``then`` (a load) runs right after and replies."""
+    state, user = caller.state, caller.user
+    run_id = training_run_id(session_id, model_seq_id)
+    existing = state.store.get_run(user, run_id)
+    if existing is None:
+        state.quotas.check_new_adapter(user, state.store.count_resident_runs(user), config["r"])
+        if state.store.create_run(user, session_id, config, run_id=run_id, metadata=metadata) is None:
+            raise ResourceNotFoundError(f"no open session {session_id!r}; create a session first")
+        caller.tinker.gate.open(run_id)
+
+    def work() -> bytes:
+        try:
+            reply_bytes = training.create_model(state.pool, run_id, config, metadata.get("seed"))
+            return reply_bytes if then is None else then()
+        except Exception:
+            state.pool.remove_run(run_id)
+            state.store.set_resident(user, run_id, False)
+            raise
+
+    request_id = submit(caller, "create_model", work, queue_key=run_id, run_id=run_id, key="tinker-create")
+    return future(request_id, model_id=run_id)
+
+
+@router.post("/create_model")
+async def create_model(request: Request) -> JSONResponse:
+    caller, body = tinker_caller(request), await parse(request, types.CreateModelRequest)
+    check_base_model(caller, body.base_model)
+    if body.optimizer_config.type != "adamw":
+        raise InvalidInputError(f"optimizer {body.optimizer_config.type!r} is not supported; this server uses AdamW")
+    lora = body.lora_config
+    if lora is None:
+        raise InvalidInputError("this server trains LoRA adapters: pass lora_config (create_lora_training_client)")
+    if lora.train_unembed:  # the shared base's output layer runs per token, not per adapter (see the README)
+        logger.info("model %s:train:%s: LoRA on the output layer is not supported; training attention/MLP only",
+                    body.session_id, body.model_seq_id)  # fmt: skip
+    config = training.lora_config(lora.rank, lora.train_attn, lora.train_mlp)
+    metadata = {"api": "tinker", "base_model": body.base_model, "user_metadata": body.user_metadata or {},
+                "lora_rank": lora.rank, "seed": lora.seed}  # fmt: skip
+    return _new_run(caller, body.session_id, body.model_seq_id, config, metadata, then=None)
+
+
+@router.post("/get_info")
+async def get_info(request: Request) -> JSONResponse:
+    caller, body = tinker_caller(request), await parse(request, types.GetInfoRequest)
+    run = resident_run(caller, body.model_id)
+    pool, base_model = caller.state.pool, run.metadata.get("base_model") or caller.state.config.model_id
+    rank = int((run.lora_config or {}).get("r", 0))
+    return reply(
+        {"model_id": run.id, "is_lora": True, "lora_rank": rank, "model_name": base_model, "type": "get_info",
+         "model_data": {"arch": pool.model.model.config.model_type, "model_name": base_model,
+                        "tokenizer_id": pool.model_path}}
+    )  # fmt: skip
+
+
+@router.post("/forward_backward")
+async def forward_backward(request: Request) -> JSONResponse:
+    caller = tinker_caller(request)
+    call = decode_forward_backward(await request.body(), request.headers.get("content-encoding"))
+    resident_run(caller, call.model_id)
+    try:
+        training.check_forward_backward(call)
+        tokens = sum(len(datum.tokens) for datum in call.data)
+        caller.state.quotas.check_tokens(caller.user, tokens)
+    except Exception:
+        skip_turn(caller, call.model_id, call.seq_id)
+        raise
+    work = lambda: training.forward_backward(caller.state.pool, call.model_id, call)  # noqa: E731
+    method = "forward" if call.forward_only else "forward_backward"
+    request_id = submit(
+        caller, method, work, queue_key=call.model_id, run_id=call.model_id, seq_id=call.seq_id, tokens=tokens
+    )
+    return future(request_id, model_id=call.model_id)
+
+
+@router.post("/optim_step")
+async def optim_step(request: Request) -> JSONResponse:
+    caller, body = tinker_caller(request), await parse(request, types.OptimStepRequest)
+    resident_run(caller, body.model_id)
+    try:
+        params = _adam_params(body.optim_params)
+    except Exception:
+        skip_turn(caller, body.model_id, body.seq_id)
+        raise
+    work = lambda: training.optim_step(caller.state.pool, body.model_id, params)  # noqa: E731
+    request_id = submit(caller, "optim_step", work, queue_key=body.model_id, run_id=body.model_id, seq_id=body.seq_id)
+    return future(request_id, model_id=body.model_id)
+
+
+@router.post("/save_weights")
+async def save_weights(request: Request) -> JSONResponse:
+    caller, body = tinker_caller(request), await parse(request, types.SaveWeightsRequest)
+    resident_run(caller, body.model_id)
+    target = CheckpointPath(body.model_id, "training", str(body.path))
+    return _save(caller, target, body.seq_id, bool(body.overwrite))
+
+
+@router.post("/save_weights_for_sampler")
+async def save_weights_for_sampler(request: Request) -> JSONResponse:
+    caller, body = tinker_caller(request), await parse(request, types.SaveWeightsForSamplerRequest)
+    run = resident_run(caller, body.model_id)
+    if body.path is not None:
+        return _save(caller, CheckpointPath(run.id, "sampler", body.path), body.seq_id, overwrite=True)
+    if body.sampling_session_seq_id is None:
+        skip_turn(caller, run.id, body.seq_id)
+        raise InvalidInputError("save_weights_for_sampler needs a path (a name) or a sampling_session_seq_id")
+    work = snapshot_work(caller, run, body.sampling_session_seq_id, body.kind)
+    request_id = submit(caller, "save_weights_for_sampler", work, queue_key=run.id, run_id=run.id, seq_id=body.seq_id)
+    return future(request_id, model_id=run.id)
+
+
+def _save(caller: Caller, target: CheckpointPath, seq_id: int | None, overwrite: bool) -> JSONResponse:
+    try:
+        checkpoints.check_new_checkpoint(caller, target, overwrite)
+    except Exception:
+        skip_turn(caller, target.run_id, seq_id)
+        raise
+    method = "save_weights" if target.kind == "training" else "save_weights_for_sampler"
+    work = lambda: checkpoints.save(caller, target)  # noqa: E731
+    request_id = submit(caller, method, work, queue_key=target.run_id, run_id=target.run_id, seq_id=seq_id)
+    return future(request_id, model_id=target.run_id)
+
+
+@router.post("/load_weights")
+async def load_weights(request: Request) -> JSONResponse:
+    caller, body = tinker_caller(request), await parse(request, types.LoadWeightsRequest)
+    if body.session_id is not None:  # create a model from a checkpoint (the SDK names it itself)
+        if body.model_seq_id is None:
+            raise InvalidInputError("load_weights with session_id needs model_seq_id")
+        check_base_model(caller, body.base_model)
+        target, directory = checkpoints.resolve(caller, body.path)
+        config = checkpoints.source_lora_config(caller, target)
+        source = caller.state.store.get_run(caller.user, target.run_id)
+        metadata = {"api": "tinker", "base_model": body.base_model or source.metadata.get("base_model"),
+                    "user_metadata": body.user_metadata or {}, "lora_rank": config.get("r"),
+                    "loaded_from": target.tinker_path}  # fmt: skip
+        run_id = training_run_id(body.session_id, body.model_seq_id)
+        then = lambda: checkpoints.load(caller, run_id, directory, body.optimizer)  # noqa: E731
+        return _new_run(caller, body.session_id, body.model_seq_id, config, metadata, then)
+    if body.model_id is None:
+        raise InvalidInputError("load_weights needs model_id (and seq_id), or session_id and model_seq_id")
+    run = resident_run(caller, body.model_id)
+    try:
+        _, directory = checkpoints.resolve(caller, body.path)
+    except Exception:
+        skip_turn(caller, run.id, body.seq_id)
+        raise
+    work = lambda: checkpoints.load(caller, run.id, directory, body.optimizer)  # noqa: E731
+    request_id = submit(caller, "load_weights", work, queue_key=run.id, run_id=run.id, seq_id=body.seq_id)
+    return future(request_id, model_id=run.id)
+
+
+@router.post("/retrieve_future")
+async def retrieve_future(request: Request) -> Response:
+    caller, body = tinker_caller(request), await parse(request, types.FutureRetrieveRequest)
+    found = await caller.state.futures.wait(caller.user, body.request_id, POLL_WAIT_S)
+    if not found.method.startswith(METHOD_PREFIX):
+        raise InvalidInputError(f"{body.request_id!r} is a native Twinkle future; poll it at /twinkle/v1/futures")
+    return future_reply(found)
+
+
+def _adam_params(params: object) -> dict[str, float]:
+    if not isinstance(params, types.AdamParams):
+        name = getattr(params, "type", params)
+        raise InvalidInputError(f"optimizer {name!r} is not supported; this server uses AdamW")
+    values = params.model_dump()
+    if not all(math.isfinite(value) for value in values.values()):
+        raise InvalidInputError(f"AdamParams must be finite numbers, got {values}")
+    if min(values["learning_rate"], values["weight_decay"], values["grad_clip_norm"]) < 0 or values["eps"] <= 0:
+        raise InvalidInputError(
+            f"AdamParams: learning_rate, weight_decay and grad_clip_norm must be >= 0 and eps > 0, got {values}"
+        )
+    if not (0 <= values["beta1"] < 1 and 0 <= values["beta2"] < 1):
+        raise InvalidInputError(f"AdamParams: beta1 and beta2 must be in [0, 1), got {values}")
+    return values
