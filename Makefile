@@ -5,13 +5,15 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+COOKBOOK_SPEC ?= tinker-cookbook==0.6.1
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.twinkle-installed
 # Every distribution in the workspace, installed editable; twinkle-all last (it only pins siblings).
 PACKAGES := $(sort $(dir $(wildcard packages/*/pyproject.toml kernels/pyproject.toml)))
 EDITABLES := $(foreach p,$(filter-out packages/twinkle-all/,$(PACKAGES)),-e $(p)) $(if $(wildcard packages/twinkle-all/pyproject.toml),-e packages/twinkle-all/)
-PYPROJECTS := $(wildcard packages/*/pyproject.toml kernels/pyproject.toml) requirements-dev.txt
+PYPROJECTS := $(wildcard packages/*/pyproject.toml kernels/pyproject.toml) requirements-dev.txt \
+	integration-tests/server/requirements-tinker-cookbook.txt
 
 .PHONY: install demo test lint clean
 
@@ -22,6 +24,8 @@ $(STAMP): $(PYPROJECTS)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet $(TORCH_SPEC)
 	$(PIP) install --quiet $(EDITABLES) -r requirements-dev.txt
+	# tinker-cookbook without its tml-renderers requirement (not on the index; only Inkling/Kimi models use it)
+	$(PIP) install --quiet --no-deps $(COOKBOOK_SPEC)
 	touch $(STAMP)
 
 # The main job on the embedded default: LoRA SFT on self-cognition, then the model answers.
