@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +11,7 @@ import torch
 from twinkle.errors import ConfigurationError
 from twinkle.interfaces import Loss, Metric
 from twinkle.model.training_metric import TrainingMetric
+from twinkle.registry import build
 
 FULL_MODEL = "__full_model__"  # the state key when no adapter is used
 
@@ -63,3 +65,33 @@ class TrainState:
 def check_gradient_accumulation_steps(steps: int) -> None:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigurationError(f"gradient_accumulation_steps must be an int >= 1, got {steps!r}")
+
+
+def new_state(
+    name: str, params: list[torch.nn.Parameter], gradient_accumulation_steps: int, pad_token_id: int
+) -> TrainState:
+    """A state with the default loss (cross-entropy) and processor (padding with ``pad_token_id``)."""
+    processor = build("processor", "InputProcessor")
+    processor.pad_token_id = pad_token_id
+    return TrainState(
+        name=name,
+        params=params,
+        loss=build("loss", "CrossEntropyLoss"),
+        processor=processor,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+    )
+
+
+def check_new_adapter(states: Mapping[str, TrainState], adapter_name: str, gradient_accumulation_steps: int) -> None:
+    """Reject a bad name or accumulation count, a taken name, or a model already training all weights."""
+    if not isinstance(adapter_name, str) or not adapter_name or "." in adapter_name:
+        raise ConfigurationError(f"adapter_name must be a non-empty string without dots, got {adapter_name!r}")
+    if adapter_name in states:
+        raise ConfigurationError(f"adapter {adapter_name!r} already exists; pick another name")
+    full_model = states.get(FULL_MODEL)
+    if full_model is not None and full_model.in_use:
+        raise ConfigurationError(
+            "this model is set up for full-parameter training (components set or gradients taken); "
+            "add adapters before anything else"
+        )
+    check_gradient_accumulation_steps(gradient_accumulation_steps)

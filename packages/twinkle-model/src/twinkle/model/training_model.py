@@ -15,12 +15,11 @@ and ``_load_adapter_weights``.
 from __future__ import annotations
 
 import math
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from peft import PeftConfig
@@ -30,22 +29,18 @@ from twinkle.data_format import LossOutput, ModelOutput
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.hub import resolve_model
 from twinkle.infra import DeviceMesh
-from twinkle.model import checkpointing, peft_adapters
-from twinkle.model.batching import BatchPreparer, GradGuard
-from twinkle.model.microbatch import check_loss_inputs, checked_loss, micro_batches
+from twinkle.model import checkpointing, forward_passes, peft_adapters
+from twinkle.model.batching import BatchPreparer
+from twinkle.model.microbatch import checked_loss
+from twinkle.model.precision import MixedPrecision, autocast, check_mixed_precision
+from twinkle.model.seeding import seeded
 from twinkle.model.targets import LossFn, TargetSequence, TargetsOutput, run_targets, set_hyperparameters
-from twinkle.model.token_logps import TokenLogpsResult, causal_token_logps, merge_token_counts
-from twinkle.model.train_state import FULL_MODEL, TrainState, check_gradient_accumulation_steps
-from twinkle.model.training_metric import token_weighted_mean
+from twinkle.model.train_state import FULL_MODEL, TrainState, check_new_adapter, new_state
 from twinkle.module import build_optimizer
-from twinkle.processor import unpack
 from twinkle.registry import build
 from twinkle.utils import get_logger
 
 logger = get_logger(__name__)
-
-MixedPrecision = Literal["no", "bf16", "fp16"]
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class TrainingModel(ABC):
@@ -69,8 +64,7 @@ class TrainingModel(ABC):
         logps_chunk_size: int = 4096,
         **from_pretrained_kwargs: Any,
     ) -> None:
-        if mixed_precision not in ("no", *_AUTOCAST_DTYPES):
-            raise ConfigurationError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {mixed_precision!r}")
+        check_mixed_precision(mixed_precision)
         self.model_path = resolve_model(model_id)
         self.device_mesh = device_mesh
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -104,32 +98,18 @@ class TrainingModel(ABC):
         ``seed`` makes the adapter's random initialisation independent of everything else drawn from
         torch's RNG (the global RNG is left as it was).
         """
-        self._check_new_adapter(adapter_name, gradient_accumulation_steps)
+        check_new_adapter(self._states, adapter_name, gradient_accumulation_steps)
         directory = Path(config_or_dir) if isinstance(config_or_dir, (str, Path)) else None
         config = (
             peft_adapters.read_adapter_config(directory) if directory else peft_adapters.as_peft_config(config_or_dir)
         )
         with seeded(seed):
             params = self._add_adapter(adapter_name, config, directory)
-        self._states[adapter_name] = self._new_state(adapter_name, params, gradient_accumulation_steps)
+        self._states[adapter_name] = new_state(adapter_name, params, gradient_accumulation_steps, self.pad_token_id)
 
     @abstractmethod
     def _add_adapter(self, adapter_name: str, config: PeftConfig, directory: Path | None) -> list[torch.nn.Parameter]:
         """Create the adapter (weights from ``directory`` when given) and return its trainable parameters."""
-
-    def _check_new_adapter(self, adapter_name: str, gradient_accumulation_steps: int) -> None:
-        """Reject a bad name or accumulation count, a taken name, or a model already training all weights."""
-        if not isinstance(adapter_name, str) or not adapter_name or "." in adapter_name:
-            raise ConfigurationError(f"adapter_name must be a non-empty string without dots, got {adapter_name!r}")
-        if adapter_name in self._states:
-            raise ConfigurationError(f"adapter {adapter_name!r} already exists; pick another name")
-        full_model = self._states.get(FULL_MODEL)
-        if full_model is not None and full_model.in_use:
-            raise ConfigurationError(
-                "this model is set up for full-parameter training (components set or gradients taken); "
-                "add adapters before anything else"
-            )
-        check_gradient_accumulation_steps(gradient_accumulation_steps)
 
     def set_optimizer(self, optimizer_cls: Any = "AdamW", adapter_name: str | None = None, **kwargs: Any) -> None:
         """Create the optimizer (a ``torch.optim`` name or class, or ``'default'``) over this adapter's weights."""
@@ -172,38 +152,15 @@ class TrainingModel(ABC):
 
     def forward(self, inputs: Any, adapter_name: str | None = None) -> ModelOutput:
         """Forward with autograd; ``calculate_loss`` and ``backward`` continue from it."""
-        state = self._state(adapter_name)
-        batch = self._batches.prepare(state, inputs)
-        start = time.perf_counter()
-        result = self._run(state, batch)
-        output = self._model_output(batch, result, detach=False)
-        state.pending = (batch, result, output, None, time.perf_counter() - start)
-        return output
+        return forward_passes.forward(self, self._state(adapter_name), inputs)
 
     def calculate_loss(self, adapter_name: str | None = None, **loss_inputs: Any) -> LossOutput:
         """The loss of the last ``forward`` (kept for ``backward``)."""
-        state = self._state(adapter_name)
-        if state.pending is None:
-            raise InvalidInputError("calculate_loss needs a preceding forward(...) call")
-        batch, result, output, _, seconds = state.pending
-        check_loss_inputs(loss_inputs, len(batch["seq_lens"]))
-        loss_output = self._compute_loss(state, batch, output, None, loss_inputs)
-        state.pending = (batch, result, output, loss_output, seconds)
-        return loss_output
+        return forward_passes.calculate_loss(self, self._state(adapter_name), loss_inputs)
 
     def backward(self, adapter_name: str | None = None) -> None:
         """Back-propagate the loss from ``calculate_loss`` (scaled by 1/gradient_accumulation_steps)."""
-        state = self._state(adapter_name)
-        if state.pending is None or state.pending[3] is None:
-            raise InvalidInputError("backward needs forward(...) and calculate_loss(...) first")
-        batch, result, _, loss_output, seconds = state.pending
-        state.pending = None
-        start = time.perf_counter()
-        (loss_output.loss / state.gradient_accumulation_steps).backward()
-        state.accumulated += 1
-        state.train_metric.record_step(
-            batch, result, float(loss_output.loss.detach()), seconds + time.perf_counter() - start
-        )
+        forward_passes.backward(self._state(adapter_name))
 
     def forward_backward(
         self,
@@ -218,31 +175,7 @@ class TrainingModel(ABC):
         whole batch, so the gradients equal one big-batch step; on any error the
         gradients are left exactly as they were before the call.
         """
-        state = self._state(adapter_name)
-        features = self._batches.features(state, inputs)
-        check_loss_inputs(loss_inputs, len(features))
-        full_batch = self._batches.collate(state, features)
-        normalizer = state.loss.normalizer(full_batch)
-        start = time.perf_counter()
-        total_loss, logps, results, loss_metrics = 0.0, [], [], []
-        with GradGuard(state.params):
-            for part, part_inputs in micro_batches(features, loss_inputs, micro_batch_size):
-                batch = full_batch if len(part) == len(features) else self._batches.collate(state, part)
-                result = self._run(state, batch)
-                output = self._model_output(batch, result, detach=False)
-                weight = None if normalizer is not None else len(part) / len(features)
-                loss_output = self._compute_loss(state, batch, output, normalizer, part_inputs, weight)
-                (loss_output.loss / state.gradient_accumulation_steps).backward()
-                total_loss += float(loss_output.loss.detach())
-                logps.extend(t.detach().cpu() for t in unpack(result.logps_BT, batch))
-                results.append(result)
-                loss_metrics.append((loss_output.metrics, int(result.supervised_BT.sum())))
-        state.accumulated += 1
-        metrics = token_weighted_mean(loss_metrics)
-        elapsed = time.perf_counter() - start
-        state.train_metric.record_step(full_batch, merge_token_counts(results), total_loss, elapsed, metrics)
-        supervised = sum(int(r.supervised_BT.sum()) for r in results)
-        return ModelOutput(loss=total_loss, logps=logps, num_tokens=supervised, metrics=metrics)
+        return forward_passes.forward_backward(self, self._state(adapter_name), inputs, micro_batch_size, loss_inputs)
 
     def forward_only(
         self, inputs: Any, adapter_name: str | None = None, return_logits: bool = False, **loss_inputs: Any
@@ -254,25 +187,7 @@ class TrainingModel(ABC):
         log-probabilities never needs loss inputs. ``return_logits`` also returns
         each sample's ``[T, V]`` float32 logits (large: use for checks).
         """
-        state = self._state(adapter_name)
-        batch = self._batches.prepare(state, inputs)
-        start = time.perf_counter()
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                result = self._run(state, batch, return_logits)
-                output = self._model_output(batch, result, detach=True)
-                required = getattr(state.loss, "required_inputs", ())
-                if bool(result.supervised_BT.any()) and all(name in loss_inputs for name in required):
-                    loss_output = self._compute_loss(state, batch, output, None, loss_inputs)
-                    output.loss, output.metrics = float(loss_output.loss), dict(loss_output.metrics)
-        finally:
-            self.model.train()
-        state.eval_metric.record_step(batch, result, output.loss, time.perf_counter() - start, output.metrics)
-        output.logps = [t.cpu() for t in unpack(result.logps_BT, batch)]
-        if return_logits:
-            output.logits = [t.cpu() for t in unpack(result.logits_BTV, batch)]
-        return output
+        return forward_passes.forward_only(self, self._state(adapter_name), inputs, return_logits, loss_inputs)
 
     def forward_backward_targets(
         self,
@@ -427,17 +342,6 @@ class TrainingModel(ABC):
         """Only evaluated (or a call failed) without adapters so far: the adapters replace that state."""
         self._states.pop(FULL_MODEL, None)
 
-    def _new_state(self, name: str, params: list[torch.nn.Parameter], gradient_accumulation_steps: int) -> TrainState:
-        processor = build("processor", "InputProcessor")
-        processor.pad_token_id = self.pad_token_id
-        return TrainState(
-            name=name,
-            params=params,
-            loss=build("loss", "CrossEntropyLoss"),
-            processor=processor,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-        )
-
     def _state(self, adapter_name: str | None) -> TrainState:
         if adapter_name is not None:
             if adapter_name not in self._states:
@@ -449,7 +353,7 @@ class TrainingModel(ABC):
                     f"{type(self).__name__} trains LoRA adapters only: call add_adapter_to_model(...) first"
                 )
             params = [p for p in self.model.parameters() if p.requires_grad]
-            self._states[FULL_MODEL] = self._new_state(FULL_MODEL, params, 1)
+            self._states[FULL_MODEL] = new_state(FULL_MODEL, params, 1, self.pad_token_id)
         if len(self._states) == 1:
             return next(iter(self._states.values()))
         raise ConfigurationError(f"this model has several adapters {self.adapter_names}: pass adapter_name=")
@@ -460,22 +364,8 @@ class TrainingModel(ABC):
         state.configured = True
         return state
 
-    def _run(
-        self, state: TrainState, batch: Mapping[str, torch.Tensor], return_logits: bool = False
-    ) -> TokenLogpsResult:
-        batch = {k: v.to(self.device) for k, v in batch.items()}
-        with self._autocast(), self._adapter_scope(state, batch_size=batch["input_ids"].shape[0]):
-            return causal_token_logps(self.model, batch, self.logps_chunk_size, return_logits)
-
     def _autocast(self) -> torch.autocast:
-        return torch.autocast(
-            self.device.type, dtype=_AUTOCAST_DTYPES.get(self.mixed_precision), enabled=self.mixed_precision != "no"
-        )
-
-    @staticmethod
-    def _model_output(batch: Mapping[str, torch.Tensor], result: TokenLogpsResult, detach: bool) -> ModelOutput:
-        logps = result.logps_BT.detach() if detach else result.logps_BT
-        return ModelOutput(logps=logps, num_tokens=int(result.supervised_BT.sum()))
+        return autocast(self.device.type, self.mixed_precision)
 
     def _compute_loss(
         self,
@@ -488,16 +378,3 @@ class TrainingModel(ABC):
     ) -> LossOutput:
         device_batch = {k: v.to(self.device) for k, v in batch.items()}
         return checked_loss(state.loss, device_batch, output, normalizer, loss_inputs, weight)
-
-
-@contextmanager
-def seeded(seed: int | None) -> Iterator[None]:
-    """Draw from torch's RNG seeded with ``seed`` inside the block, restoring the global RNG after (no-op for None)."""
-    if seed is None:
-        yield
-        return
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigurationError(f"seed must be an int, got {seed!r}")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield

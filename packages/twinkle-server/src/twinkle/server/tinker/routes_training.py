@@ -94,7 +94,7 @@ async def forward_backward(request: Request) -> JSONResponse:
     call = decode_forward_backward(await request.body(), request.headers.get("content-encoding"))
     resident_run(caller, call.model_id)
     try:
-        training.check_forward_backward(call)
+        training.check_forward_backward(caller.state.pool, call)
         tokens = sum(len(datum.tokens) for datum in call.data)
         caller.state.quotas.check_tokens(caller.user, tokens)
     except Exception:

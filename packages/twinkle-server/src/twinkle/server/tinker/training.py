@@ -16,6 +16,7 @@ import torch
 
 from twinkle.errors import InvalidInputError
 from twinkle.model import TargetSequence
+from twinkle.model.targets import check_sequences, model_limits
 from twinkle.server.services.pool import ModelPool
 from twinkle.server.tinker.codec import ForwardBackwardCall, encode_forward_backward_output
 from twinkle.server.tinker.losses import build_loss, targets_of
@@ -49,12 +50,12 @@ def sequences_of(call: ForwardBackwardCall) -> list[TargetSequence]:
     ]
 
 
-def check_forward_backward(call: ForwardBackwardCall) -> None:
+def check_forward_backward(pool: ModelPool, call: ForwardBackwardCall) -> None:
     """Everything about the request that can be checked before it queues (the caller gets a 400 now)."""
     if not call.data:
         raise InvalidInputError("forward_backward needs at least one datum")
     build_loss(call.loss_fn, call.loss_fn_config, call.data)
-    sequences_of(call)
+    check_sequences(sequences_of(call), *model_limits(pool.model.model), name="data")
 
 
 def forward_backward(pool: ModelPool, run_id: str, call: ForwardBackwardCall) -> bytes:
