@@ -235,3 +235,46 @@ def test_close_finishes_the_session(server):
     client.close("success").result()
     run = rest_client(server, "bob").get_training_run(model_id).result()
     assert run.training_run_id == model_id  # the run and its checkpoints outlive the session
+
+
+def test_sampling_params_stops_and_top_k_logprobs(alice, trainer):
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    prompt = types.ModelInput.from_ints([151644, 872, 198, 9707, 11])
+    # stop=[] turns off every stop, end-of-sequence included: exactly max_tokens tokens
+    free = sampler.sample(prompt, 2, types.SamplingParams(max_tokens=6, stop=[], seed=1)).result()
+    assert [(len(s.tokens), s.stop_reason) for s in free.sequences] == [(6, "length")] * 2
+    # a stop token ends the sequence on it
+    first = free.sequences[0].tokens
+    stopped = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=6, stop=[first[0]], seed=1)).result()
+    assert stopped.sequences[0].tokens == first[:1] and stopped.sequences[0].stop_reason == "stop"
+    # greedy with top-k sample and prompt log-probs, scored on the prompt's last 2 positions only
+    scored = sampler.sample(
+        prompt,
+        1,
+        types.SamplingParams(max_tokens=3, temperature=0.0, stop=[]),
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=2,
+        topk_sample_logprobs=3,
+        prompt_logprobs_last_n=2,
+    ).result()
+    sequence = scored.sequences[0]
+    topk = sequence.topk_logprobs
+    assert [len(row) for row in topk] == [3, 3, 3]
+    assert [row[0][0] for row in topk] == sequence.tokens  # greedy: the sampled token is the most likely one
+    assert topk[0][0][1] == pytest.approx(sequence.logprobs[0], abs=1e-5)
+    assert scored.prompt_logprobs[:3] == [None, None, None] and all(lp < 0 for lp in scored.prompt_logprobs[3:])
+    assert [len(row) for row in scored.topk_prompt_logprobs[3:]] == [2, 2]
+
+
+def test_weights_info_and_the_legacy_load_state(server, alice, trainer):
+    path = trainer.save_state("legacy").result().path
+    info = rest_client(server, "alice").get_weights_info_by_tinker_path(path).result()
+    assert (info.base_model, info.is_lora, info.lora_rank) == (BASE_MODEL, True, 8)
+    fresh = alice.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=9).result()
+    with pytest.warns(FutureWarning, match="load_state"):  # the deprecated in-place form, as a first request
+        fresh.load_state(path).result()
+    data = [sft_datum(60)]
+    expected = trainer.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    assert fresh.forward(data, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(expected, rel=1e-6)
+    weights_only = alice.create_training_client_from_state(path).result()
+    assert weights_only.forward(data, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(expected, rel=1e-6)
