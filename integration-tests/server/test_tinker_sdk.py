@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def server(start_server):
-    return start_server(["alice", "bob"], tinker_chunk_datums=2, max_loras=12)
+    return start_server(["alice", "bob"], tinker_chunk_datums=2, max_loras=12, quotas={"max_adapters": 8})
 
 
 @pytest.fixture(scope="module")
