@@ -68,12 +68,12 @@ def model_limits(model: torch.nn.Module) -> tuple[int, int | None]:
     return vocab_size, getattr(inner.config, "max_position_embeddings", None)
 
 
-def check_sequences(sequences: Any, vocab_size: int, max_length: int | None, name: str = "sequences") -> None:
-    """Raise :class:`InvalidInputError` naming the first bad sequence (as ``name[i]``), before anything runs."""
+def check_sequences(sequences: Any, vocab_size: int, max_length: int | None, label: str = "sequences") -> None:
+    """Raise :class:`InvalidInputError` naming the first bad sequence (as ``label[i]``), before anything runs."""
     if isinstance(sequences, (str, bytes)) or not isinstance(sequences, Sequence) or not sequences:
         raise InvalidInputError("sequences must be a non-empty list of TargetSequence")
     for index, sequence in enumerate(sequences):
-        where = f"{name}[{index}]"
+        where = f"{label}[{index}]"
         if not isinstance(sequence, TargetSequence):
             raise InvalidInputError(f"{where} must be a TargetSequence, got {type(sequence).__name__}")
         tokens, targets = sequence.tokens, sequence.targets

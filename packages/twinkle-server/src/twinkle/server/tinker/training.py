@@ -55,7 +55,7 @@ def check_forward_backward(pool: ModelPool, call: ForwardBackwardCall) -> None:
     if not call.data:
         raise InvalidInputError("forward_backward needs at least one datum")
     build_loss(call.loss_fn, call.loss_fn_config, call.data)
-    check_sequences(sequences_of(call), *model_limits(pool.model.model), name="data")
+    check_sequences(sequences_of(call), *model_limits(pool.model.model), label="data")
 
 
 def forward_backward(pool: ModelPool, run_id: str, call: ForwardBackwardCall) -> bytes:
