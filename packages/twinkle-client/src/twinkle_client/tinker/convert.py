@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from twinkle.data_format.input_feature import IGNORE_INDEX, InputFeature, make_input_feature, validate_input_feature
+from twinkle.data_format.input_feature import (
+    IGNORE_INDEX,
+    InputFeature,
+    make_input_feature,
+    unshifted_labels,
+    validate_input_feature,
+)
 from twinkle.errors import InvalidInputError
 from twinkle_client.tinker.sdk import require_tinker
 
@@ -39,7 +45,7 @@ def input_feature_to_datum(feature: Mapping[str, Any]) -> tinker_types.Datum:
             f"feature.input_ids has {len(ids)} token: a Datum needs at least 2 (position t is trained on token t+1)"
         )
     _check_single_sequence(checked)
-    labels = _labels(checked)
+    labels = unshifted_labels(checked, "feature")
     weights = [0.0 if label == IGNORE_INDEX else 1.0 for label in labels[1:]]
     return types.Datum(
         model_input=types.ModelInput.from_ints(ids[:-1]),
@@ -83,27 +89,6 @@ def datum_to_input_feature(datum: tinker_types.Datum) -> InputFeature:
     trained = [True] * len(inputs) if weights is None else [_trained(w, t) for t, w in enumerate(weights.tolist())]
     labels = [IGNORE_INDEX] + [token if keep else IGNORE_INDEX for token, keep in zip(target_ids, trained, strict=True)]
     return make_input_feature([*inputs, target_ids[-1]], labels)
-
-
-def _labels(feature: InputFeature) -> list[int]:
-    """Unshifted labels: given (checked against the ids), derived from ``loss_mask``, or all ignored."""
-    ids = feature["input_ids"]
-    labels = feature.get("labels")
-    if labels is None:
-        mask = feature.get("loss_mask")
-        if mask is None:
-            return [IGNORE_INDEX] * len(ids)
-        for i, value in enumerate(mask):
-            if value not in (0, 1):
-                raise InvalidInputError(f"feature.loss_mask[{i}]={value}: only 0 and 1 are allowed")
-        return [token if value else IGNORE_INDEX for token, value in zip(ids, mask, strict=True)]
-    for i, (label, token) in enumerate(zip(labels, ids, strict=True)):
-        if label not in (IGNORE_INDEX, token):
-            raise InvalidInputError(
-                f"feature.labels[{i}]={label} but input_ids[{i}]={token}: labels must be unshifted "
-                f"(each position's own token, or {IGNORE_INDEX} when not trained)"
-            )
-    return labels
 
 
 def _check_single_sequence(feature: InputFeature) -> None:

@@ -9,7 +9,9 @@ with ``to_dict``/``from_dict``.
 from twinkle.data_format.input_feature import (
     IGNORE_INDEX,
     InputFeature,
+    check_binary,
     make_input_feature,
+    unshifted_labels,
     validate_input_feature,
 )
 from twinkle.data_format.message import (
@@ -37,7 +39,9 @@ __all__ = [
     "Tool",
     "ToolCall",
     "Trajectory",
+    "check_binary",
     "make_input_feature",
+    "unshifted_labels",
     "validate_input_feature",
     "validate_message",
     "validate_trajectory",

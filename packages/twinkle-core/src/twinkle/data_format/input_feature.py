@@ -112,3 +112,30 @@ def validate_input_feature(
     if length is not None and length != len(ids):
         raise InvalidInputError(f"{where}.length is {length} but input_ids has length {len(ids)}")
     return out  # type: ignore[return-value]
+
+
+def unshifted_labels(feature: InputFeature, where: str = "input_feature") -> list[int]:
+    """A validated feature's unshifted labels: ``labels`` (checked against the ids), else from ``loss_mask``,
+    else all ignored (nothing trained)."""
+    input_ids = feature["input_ids"]
+    labels = feature.get("labels")
+    if labels is None:
+        loss_mask = feature.get("loss_mask")
+        if loss_mask is None:
+            return [IGNORE_INDEX] * len(input_ids)
+        check_binary(loss_mask, f"{where}.loss_mask")
+        return [token if mask else IGNORE_INDEX for token, mask in zip(input_ids, loss_mask, strict=True)]
+    for i, (label, token) in enumerate(zip(labels, input_ids, strict=True)):
+        if label not in (IGNORE_INDEX, token):
+            raise InvalidInputError(
+                f"{where}.labels[{i}]={label} but input_ids[{i}]={token}: labels must be unshifted "
+                f"(each position's own token, or {IGNORE_INDEX} when not trained)"
+            )
+    return list(labels)
+
+
+def check_binary(values: Sequence[int], where: str) -> None:
+    """Raise unless every value is 0 or 1 (masks)."""
+    for i, value in enumerate(values):
+        if value not in (0, 1):
+            raise InvalidInputError(f"{where}[{i}]={value}: only 0 and 1 are allowed")

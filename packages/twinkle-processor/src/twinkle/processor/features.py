@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from twinkle.data_format import IGNORE_INDEX, InputFeature, validate_input_feature
+from twinkle.data_format import IGNORE_INDEX, InputFeature, check_binary, unshifted_labels, validate_input_feature
 from twinkle.errors import InvalidInputError
 
 TokenRow = dict[str, list[int]]
@@ -42,8 +42,8 @@ def _complete(feature: InputFeature, where: str, max_length: int | None) -> Toke
     if max_length is not None and len(input_ids) > max_length:
         raise InvalidInputError(f"{where} has {len(input_ids)} tokens, more than max_length={max_length}")
     attention_mask = checked.get("attention_mask") or [1] * len(input_ids)
-    _check_binary(attention_mask, f"{where}.attention_mask")
-    labels = _labels(checked, where)
+    check_binary(attention_mask, f"{where}.attention_mask")
+    labels = unshifted_labels(checked, where)
     labels = [IGNORE_INDEX, *labels[1:]]
     return {
         "input_ids": input_ids,
@@ -52,28 +52,3 @@ def _complete(feature: InputFeature, where: str, max_length: int | None) -> Toke
         "labels": labels,
         "loss_mask": [int(label != IGNORE_INDEX) for label in labels],
     }
-
-
-def _labels(feature: InputFeature, where: str) -> list[int]:
-    """Unshifted labels: given, derived from ``loss_mask``, or all ignored."""
-    input_ids = feature["input_ids"]
-    labels = feature.get("labels")
-    if labels is None:
-        loss_mask = feature.get("loss_mask")
-        if loss_mask is None:
-            return [IGNORE_INDEX] * len(input_ids)
-        _check_binary(loss_mask, f"{where}.loss_mask")
-        return [token if mask else IGNORE_INDEX for token, mask in zip(input_ids, loss_mask, strict=True)]
-    for i, (label, token) in enumerate(zip(labels, input_ids, strict=True)):
-        if label not in (IGNORE_INDEX, token):
-            raise InvalidInputError(
-                f"{where}.labels[{i}]={label} but input_ids[{i}]={token}: labels must be unshifted "
-                f"(each position's own token, or {IGNORE_INDEX} when not trained)"
-            )
-    return labels
-
-
-def _check_binary(values: list[int], where: str) -> None:
-    for i, value in enumerate(values):
-        if value not in (0, 1):
-            raise InvalidInputError(f"{where}[{i}]={value}: only 0 and 1 are allowed")

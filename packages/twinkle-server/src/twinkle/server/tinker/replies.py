@@ -15,16 +15,6 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, Response
 
-from twinkle.errors import (
-    AuthenticationError,
-    ComponentNotFoundError,
-    ConfigurationError,
-    InvalidInputError,
-    PermissionDeniedError,
-    QuotaExceededError,
-    RateLimitError,
-    ResourceNotFoundError,
-)
 from twinkle.server.errors import error_response
 from twinkle.server.store.base import Future
 
@@ -35,16 +25,6 @@ USER_ERROR_TYPES = frozenset(
     {"InvalidInputError", "ComponentNotFoundError", "ConfigurationError", "ResourceNotFoundError",
      "PermissionDeniedError", "QuotaExceededError", "RateLimitError", "AuthenticationError"}
 )  # fmt: skip
-_STATUS: tuple[tuple[type[BaseException], int], ...] = (
-    (InvalidInputError, 400),
-    (ComponentNotFoundError, 400),
-    (ConfigurationError, 400),
-    (AuthenticationError, 401),
-    (PermissionDeniedError, 403),
-    (RateLimitError, 429),
-    (QuotaExceededError, 403),
-    (ResourceNotFoundError, 404),
-)
 # How long a retrieve_future poll waits: under the SDK's 45 s read timeout, since it re-polls at once.
 POLL_WAIT_S = 25.0
 
@@ -73,9 +53,8 @@ def future_reply(future: Future) -> Response:
 
 def error_reply(exc: BaseException) -> Response:
     """An HTTP error for a Tinker endpoint; ``detail`` is what the SDK's exception message shows."""
-    status = next((code for cls, code in _STATUS if isinstance(exc, cls)), None)
-    _, body = error_response(exc)
-    if status is None:
-        status = 500
+    status, body = error_response(exc)
+    if status == 409:  # a configuration problem is permanent, but the SDK would retry a 409 for minutes
+        status = 400
     message = f"{body['error']['type']}: {body['error']['message']}"
     return JSONResponse({"detail": message, **body}, status_code=status)
