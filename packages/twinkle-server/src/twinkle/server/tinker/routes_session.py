@@ -7,7 +7,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from twinkle.errors import ResourceNotFoundError
-from twinkle.server.tinker.http import PREFIX, reply, tinker_caller
+from twinkle.server.tinker.http import PREFIX, read_body, reply, tinker_caller
 
 router = APIRouter(prefix=PREFIX)
 
@@ -51,8 +51,7 @@ async def create_session(request: Request) -> JSONResponse:
 
 @router.post("/session_heartbeat")
 async def session_heartbeat(request: Request) -> JSONResponse:
-    caller = tinker_caller(request)
-    body = await request.json()
+    caller, body = tinker_caller(request), await read_body(request)
     session_id = str(body.get("session_id"))
     if not caller.state.store.heartbeat(caller.user, session_id):
         # 410 stops the SDK's heartbeat loop: the session is over and its models were unloaded
