@@ -1,22 +1,28 @@
-"""``CheckpointEngineManager``: keep a sampler on the trainer's current weights, in one process.
+"""``CheckpointEngineManager``: keep a sampler on the trainer's current weights.
 
 RL alternates sampling and training; before each round the sampler must hold
 the policy being trained. With LoRA only the adapter changes, so only the
 adapter moves (a few MB instead of the model); ``merge_and_sync=True`` instead
 pushes every base weight with the adapter merged in, for samplers that serve
-the policy as a plain model. Tensors are handed over as they are — the
-sampler copies them onto its own device — with no serialisation.
+the policy as a plain model. In one process the tensors are handed over as
+they are — the sampler copies them onto its own device — with no
+serialisation. When the model or the sampler runs as Ray actors
+(``twinkle.initialize(mode='ray')``), the weights are read in the model's
+actor and go through the Ray object store straight to the sampler's actors;
+only a reference passes through the driver.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from twinkle.checkpoint_engine.weights import lora_payload, merged_weights
 from twinkle.errors import ConfigurationError
+from twinkle.infra.ray.transfer import relay
 from twinkle.registry import register
 from twinkle.utils import get_logger
 
@@ -75,26 +81,52 @@ class CheckpointEngineManager:
 
     def sync_weights(self, merge_and_sync: bool = False) -> None:
         """Push the trainer's current weights into the sampler (see the module docstring)."""
-        source = self.model if isinstance(self.model, WeightSource) else None
         if merge_and_sync:
             self._require("load_base_weights", "merged weights")
-            name = self.adapter_name
-            weights = source.merged_weights(name) if source else merged_weights(self.model.model, name)
-            count = self.sampler.load_base_weights(weights)
-            self.sampler.reset_prefix_cache()
-            logger.debug("synced %d merged base weights", count)
-            return
-        if self.adapter_name is None:
-            raise ConfigurationError(
-                "the model has no LoRA adapter to sync; use sync_weights(merge_and_sync=True) to push all weights"
-            )
-        self._require("add_adapter", "LoRA adapters")
-        config, tensors = (
-            source.lora_payload(self.adapter_name) if source else lora_payload(self.model.model, self.adapter_name)
-        )
-        self.sampler.add_adapter(self.adapter_name, config, tensors)
-        logger.debug("synced adapter %r: %d tensors", self.adapter_name, len(tensors))
+            read, write = partial(_read_merged, adapter_name=self.adapter_name), _write_merged
+        else:
+            if self.adapter_name is None:
+                raise ConfigurationError(
+                    "the model has no LoRA adapter to sync; use sync_weights(merge_and_sync=True) to push all weights"
+                )
+            self._require("add_adapter", "LoRA adapters")
+            read = partial(_read_lora, adapter_name=self.adapter_name)
+            write = partial(_write_lora, adapter_name=self.adapter_name)
+        if not relay(self.model, self.sampler, partial(_materialized, read), write):
+            write(self.sampler, read(self.model))
 
     def _require(self, method: str, what: str) -> None:
         if not callable(getattr(self.sampler, method, None)):
             raise ConfigurationError(f"{type(self.sampler).__name__} cannot receive {what}: it has no {method}()")
+
+
+def _source(model: Any) -> WeightSource | None:
+    return model if isinstance(model, WeightSource) else None
+
+
+def _read_lora(model: Any, adapter_name: str) -> tuple[Any, Mapping[str, torch.Tensor]]:
+    source = _source(model)
+    return source.lora_payload(adapter_name) if source else lora_payload(model.model, adapter_name)
+
+
+def _read_merged(model: Any, adapter_name: str | None) -> Iterable[tuple[str, torch.Tensor]]:
+    source = _source(model)
+    return source.merged_weights(adapter_name) if source else merged_weights(model.model, adapter_name)
+
+
+def _write_lora(sampler: WeightReceiver, payload: tuple[Any, Mapping[str, torch.Tensor]], adapter_name: str) -> None:
+    config, tensors = payload
+    sampler.add_adapter(adapter_name, config, tensors)
+    logger.debug("synced adapter %r: %d tensors", adapter_name, len(tensors))
+
+
+def _write_merged(sampler: WeightReceiver, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    count = sampler.load_base_weights(weights)
+    sampler.reset_prefix_cache()
+    logger.debug("synced %d merged base weights", count)
+
+
+def _materialized(read: Callable[[Any], Any], model: Any) -> Any:
+    """``read(model)`` as a value that can leave the process: a stream of merged weights becomes a list."""
+    value = read(model)
+    return list(value) if isinstance(value, Iterator) else value

@@ -116,6 +116,19 @@ def get_device_placement() -> str:
     return get_runtime().describe()
 
 
+def shutdown() -> None:
+    """Release what the current runtime holds and forget it (the next use builds a default local one).
+
+    For ``mode='ray'``: its actors and placement groups, and the Ray session it
+    started (a local Ray stops) or joined. The local runtime holds nothing.
+    """
+    global _runtime
+    release = getattr(_runtime, "shutdown", None)
+    if release is not None:
+        release()
+    _runtime = None
+
+
 def is_master() -> bool:
     """True on global rank 0 (the process that should log and write shared files)."""
     return get_runtime().rank == 0
@@ -131,4 +144,5 @@ __all__ = [
     "initialize",
     "is_master",
     "remote_class",
+    "shutdown",
 ]

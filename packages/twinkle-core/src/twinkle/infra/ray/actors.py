@@ -1,0 +1,163 @@
+"""The actors of one remote component: creation, dispatch of calls, collection and error translation.
+
+:class:`RemoteComponent` is the :class:`~twinkle.infra.ray.proxy.Backend` of an
+:class:`~twinkle.infra.ray.proxy.ActorProxy`. Every call goes to every worker
+(:mod:`twinkle.infra.ray.dispatch` says with which arguments); calls to one
+actor run in submission order, so lazy calls keep their sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray.exceptions import RayError, RayTaskError
+
+from twinkle.infra.device_mesh import DeviceMesh
+from twinkle.infra.ray.dispatch import BATCH_METHODS, merge, split_arguments, worker_ranks
+from twinkle.infra.ray.placement import GroupPlacement
+from twinkle.infra.ray.proxy import LazyResult
+from twinkle.infra.ray.worker import ComponentWorker, WorkerSetup
+from twinkle.infra.runtime import Runtime
+
+_WorkerActor = ray.remote(ComponentWorker)
+
+
+class RemoteComponent:
+    """One actor per data-parallel worker of ``device_mesh`` (one without a mesh), in the group's placement group.
+
+    With ``lazy_collect=False`` construction waits for every worker to build
+    its component, so a constructor's exception surfaces where the component
+    is constructed. With ``lazy_collect=True`` it returns at once (components
+    load side by side) and the first use waits; a constructor's exception is
+    raised by every use.
+    """
+
+    def __init__(
+        self,
+        cls: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        placement: GroupPlacement,
+        device_mesh: DeviceMesh | None,
+        runtime: Runtime,
+    ) -> None:
+        self.cls = cls
+        self.group = placement.group.name
+        self.device_mesh = device_mesh
+        self.lazy_collect = runtime.lazy_collect
+        self.ranks = worker_ranks(device_mesh)
+        placement.check_mesh(cls.__name__, device_mesh)
+        self.workers = [
+            _WorkerActor.options(**placement.actor_options(rank)).remote(
+                WorkerSetup(
+                    cls.__name__,
+                    placement.group,
+                    index,
+                    len(self.ranks),
+                    runtime.seed,
+                    runtime.full_determinism,
+                    runtime.global_device_mesh,
+                )
+            )
+            for index, rank in enumerate(self.ranks)
+        ]
+        # Several workers meet for torch.distributed; Ray hands worker 0's answer to each build, not via the driver.
+        env = self.workers[0].rendezvous.remote() if len(self.workers) > 1 else {}
+        payload = self._shared((args, kwargs), len(self.workers))
+        self._building = [w.build.remote(cls, payload, env) for w in self.workers]
+        self._build_error: BaseException | None = None
+        self._pending: list[tuple[list[Any], LazyResult]] = []
+        if not self.lazy_collect:
+            self._check_built()
+
+    def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run ``method`` on every worker; its collected result, or a :class:`LazyResult` under ``lazy_collect``."""
+        self._raise_earlier_failures()
+        workers, batch = self.workers, method in BATCH_METHODS
+        if batch and len(workers) > 1:
+            where = f"{self.cls.__name__}.{method}"
+            payloads = split_arguments(args, kwargs, self.device_mesh, self.ranks, where)  # type: ignore[arg-type]
+        else:
+            payloads = [self._shared((args, kwargs), len(workers))] * len(workers)
+        refs = [w.call.remote(method, p) for w, p in zip(workers, payloads, strict=True)]
+
+        def collect() -> Any:
+            self._check_built()
+            results = self._wait(refs, method)
+            return merge(results) if batch and len(results) > 1 else results[0]
+
+        future = LazyResult(collect, f"{self.describe()}.{method}")
+        if not self.lazy_collect:
+            return future.result()
+        self._pending.append((refs, future))
+        return future
+
+    def read(self, name: str) -> Any:
+        """An attribute of the first worker's component (a property, or one set in ``__init__``)."""
+        self._check_built()
+        return self._wait([self.workers[0].read.remote(name)], name)[0]
+
+    def put(self, fn: Callable[[Any], Any], what: str) -> ray.ObjectRef:
+        """``fn(component)`` run in the first worker and kept in the object store there; returns its reference."""
+        self._check_built()
+        return self._wait([self.workers[0].put.remote(fn)], what)[0][0]
+
+    def apply(self, fn: Callable[[Any, Any], Any], value: Any, what: str) -> None:
+        """``fn(component, value)`` on every worker; each fetches an ObjectRef ``value`` from the object store."""
+        self._check_built()
+        self._wait([w.apply.remote(fn, value) for w in self.workers], what)
+
+    def describe(self) -> str:
+        return f"{self.cls.__name__} on group {self.group!r} ({len(self.workers)} actor(s))"
+
+    def _wait(self, refs: list[Any], method: str) -> list[Any]:
+        results = []
+        for index, ref in enumerate(refs):
+            try:
+                results.append(ray.get(ref))
+            except RayTaskError as error:
+                where = f"{self.cls.__name__}.{method} (worker {index} on group {self.group!r})"
+                raise remote_error(error, where) from error
+        return results
+
+    def _check_built(self) -> None:
+        """Wait for the workers' constructors (once); after one failed, every use raises its exception."""
+        if self._building:
+            building, self._building = self._building, []
+            try:
+                self._wait(building, "__init__")
+            except Exception as error:
+                self._build_error = error
+        if self._build_error is not None:
+            raise self._build_error
+
+    def _raise_earlier_failures(self) -> None:
+        """Resolve finished lazy calls nobody looked at, so that an exception in one is not lost."""
+        for entry in list(self._pending):
+            refs, future = entry
+            finished, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            if len(finished) == len(refs):
+                self._pending.remove(entry)  # first: its exception is raised once
+                future.result()
+
+    @staticmethod
+    def _shared(payload: Any, copies: int) -> Any:
+        """Arguments sent to several workers go into the object store once; each worker fetches them."""
+        return ray.put(payload) if copies > 1 else payload
+
+
+def remote_error(error: RayTaskError, where: str) -> BaseException:
+    """The worker's exception with its original type and a message that starts with ``where``.
+
+    Raise it ``from error``: the chained ``RayTaskError`` carries the worker's traceback.
+    """
+    cause = error.cause
+    if isinstance(cause, RayError):  # the original exception could not be pickled
+        return RuntimeError(f"{where}: {error}")
+    if cause.args and isinstance(cause.args[0], str):
+        cause.args = (f"{where}: {cause.args[0]}", *cause.args[1:])
+    else:
+        cause.args = (where, *cause.args)
+    return cause
