@@ -5,14 +5,26 @@ The seed's SFT listing, adapted to run offline on a CPU in about a minute:
     python cookbook/sft/self_cognition.py
 
 Set MODEL_ID (any id twinkle.hub accepts, e.g. hf://Qwen/Qwen3-0.6B) to train a real model.
+
+The same script trains data-parallel under torchrun, on a DeviceMesh of all its processes:
+
+    torchrun --nproc_per_node 2 cookbook/sft/self_cognition.py               # DDP (dp_size=2)
+    FSDP_SIZE=2 torchrun --nproc_per_node 2 cookbook/sft/self_cognition.py   # FSDP2 (fsdp_size=2)
+
+BATCH_SIZE is the global batch: each of N processes trains on BATCH_SIZE/N of its samples, and the
+losses equal a one-process run's. Rank 0 prints and writes the outputs (loss.png, the curve's
+values in loss.json, the checkpoint). MAX_STEPS stops early; MAX_NEW_TOKENS bounds the answers.
 """
 
+import itertools
+import json
 import os
 
 from peft import LoraConfig
 from tqdm import tqdm
 
 import twinkle
+from twinkle import DeviceMesh
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import Dataset, DatasetMeta
 from twinkle.model import TransformersModel
@@ -25,6 +37,10 @@ EPOCHS = int(os.environ.get("EPOCHS", 10))
 BATCH_SIZE = int(os.environ.get("BATCH_SIZE", 8))
 LEARNING_RATE = float(os.environ.get("LR", 5e-3))
 OUTPUT_DIR = os.environ.get("OUTPUT_DIR", "outputs/sft-self-cognition")
+MAX_STEPS = int(os.environ.get("MAX_STEPS", 0))  # 0: every step of EPOCHS epochs
+MAX_NEW_TOKENS = int(os.environ.get("MAX_NEW_TOKENS", 40))
+WORLD_SIZE = int(os.environ.get("WORLD_SIZE", 1))  # set by torchrun
+FSDP_SIZE = int(os.environ.get("FSDP_SIZE", 1))  # the rest of the processes replicate (dp_size)
 QUESTIONS = ["Who are you?", "What is your name?", "Who developed you?", "你是谁？"]
 
 
@@ -44,21 +60,19 @@ def create_model(num_training_steps: int) -> TransformersModel:
     return model
 
 
-def train(model: TransformersModel, dataloader: DataLoader, epochs: int) -> list[float]:
+def train(model: TransformersModel, dataloader: DataLoader, steps: int) -> list[float]:
     losses = []
-    progress = tqdm(total=epochs * len(dataloader), desc="sft")
-    for _ in range(epochs):
-        for batch in dataloader:
-            output = model.forward_backward(inputs=batch)
-            model.clip_grad_and_step()
-            losses.append(output.loss)
-            progress.update()
-            progress.set_postfix(loss=f"{output.loss:.3f}")
-    progress.close()
+    batches = itertools.islice((batch for _ in range(EPOCHS) for batch in dataloader), steps)
+    progress = tqdm(batches, total=steps, desc="sft", disable=not twinkle.is_master())
+    for batch in progress:
+        output = model.forward_backward(inputs=batch)
+        model.clip_grad_and_step()
+        losses.append(output.loss)
+        progress.set_postfix(loss=f"{output.loss:.3f}")
     return losses
 
 
-def ask(model: TransformersModel, questions: list[str], max_new_tokens: int = 40) -> list[str]:
+def ask(model: TransformersModel, questions: list[str], max_new_tokens: int = MAX_NEW_TOKENS) -> list[str]:
     """Greedy answers from the trained model (plain transformers generate on the PEFT model)."""
     template = Template(MODEL_ID, enable_thinking=False)  # the prompt already holds the empty think block
     answers = []
@@ -86,15 +100,21 @@ def save_loss_curve(losses: list[float], path: str, title: str = "LoRA SFT on se
 
 
 def main() -> None:
-    twinkle.initialize(seed=42)
+    # The components (DataLoader, TransformersModel) default to this mesh; one process: a mesh of one rank.
+    twinkle.initialize(seed=42, global_device_mesh=DeviceMesh.from_sizes(world_size=WORLD_SIZE, fsdp_size=FSDP_SIZE))
     dataloader = create_dataloader()
-    model = create_model(num_training_steps=EPOCHS * len(dataloader))
-    losses = train(model, dataloader, EPOCHS)
+    model = create_model(num_training_steps=EPOCHS * len(dataloader))  # MAX_STEPS stops early on this schedule
+    losses = train(model, dataloader, min(EPOCHS * len(dataloader), MAX_STEPS or EPOCHS * len(dataloader)))
+    checkpoint = model.save("last-checkpoint", output_dir=OUTPUT_DIR)  # every rank takes part; rank 0 writes
+    answers = ask(model, QUESTIONS)  # under FSDP every rank runs the generation too
+    if not twinkle.is_master():
+        return
     os.makedirs(OUTPUT_DIR, exist_ok=True)
     save_loss_curve(losses, os.path.join(OUTPUT_DIR, "loss.png"))
-    checkpoint = model.save("last-checkpoint", output_dir=OUTPUT_DIR)
+    with open(os.path.join(OUTPUT_DIR, "loss.json"), "w") as handle:
+        json.dump(losses, handle)
     print(f"loss: first step {losses[0]:.3f} -> last step {losses[-1]:.3f}; adapter saved to {checkpoint}")
-    for question, answer in zip(QUESTIONS, ask(model, QUESTIONS), strict=True):
+    for question, answer in zip(QUESTIONS, answers, strict=True):
         print(f"Q: {question}\nA: {answer}")
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from twinkle.dataloader import DataLoader
 from twinkle.errors import ConfigurationError, InvalidInputError
-from twinkle.infra import DeviceGroup, DeviceMesh
+from twinkle.infra import DeviceGroup, DeviceMesh, initialize
 
 ROWS = list(range(40))
 
@@ -40,6 +40,13 @@ def test_torchrun_process_takes_its_own_slice(torchrun):
     torchrun(rank=3, world_size=4)
     assert _batches(device_mesh=mesh) == [batch[12:16] for batch in full[:2]] + [full[2][6:8]]
     assert _batches() == full  # no mesh: every process sees whole batches
+
+
+def test_torchrun_process_slices_by_the_global_device_mesh_by_default(torchrun):
+    full = _batches()
+    torchrun(rank=1, world_size=2)
+    initialize("local", global_device_mesh=DeviceMesh.from_sizes(dp_size=2))  # as a script sets it for every component
+    assert _batches() == [batch[8:16] for batch in full[:2]] + [full[2][4:8]]
 
 
 def test_torchrun_rank_is_translated_into_the_device_group(torchrun):

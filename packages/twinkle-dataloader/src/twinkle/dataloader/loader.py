@@ -9,7 +9,7 @@ from twinkle.dataloader.plan import BatchPlan, epoch_order
 from twinkle.dataloader.sharding import slice_rank
 from twinkle.dataloader.state import LoaderState
 from twinkle.errors import ConfigurationError, InvalidInputError
-from twinkle.infra import DeviceMesh, remote_class
+from twinkle.infra import DeviceMesh, get_runtime, remote_class
 from twinkle.interfaces import SizedDataset
 from twinkle.registry import build, register
 from twinkle.utils import get_logger
@@ -37,7 +37,8 @@ class DataLoader:
     single process or on a Ray driver the loader yields all 16 and the
     infrastructure dispatches them (see :mod:`twinkle.dataloader.sharding`).
     ``rank`` picks the slice explicitly. A batch never has fewer rows than
-    data-parallel ranks, so no rank is left without data.
+    data-parallel ranks, so no rank is left without data. Without a
+    ``device_mesh`` the loader uses ``twinkle.initialize(global_device_mesh=...)``'s.
 
     ``processor`` (an InputProcessor instance, class or registered name)
     collates each yielded list of rows, e.g. into padded tensors.
@@ -65,6 +66,7 @@ class DataLoader:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigurationError(f"seed must be an int, got {seed!r}")
         self.batch_size = batch_size
+        device_mesh = device_mesh or get_runtime().global_device_mesh
         self.min_batch_size = _min_batch_size(batch_size, min_batch_size, drop_last, device_mesh)
         self.device_mesh = device_mesh
         self.processor = None if processor is None else build("processor", processor)

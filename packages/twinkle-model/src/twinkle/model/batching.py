@@ -44,10 +44,6 @@ class BatchPreparer:
         """Collate features already checked by :meth:`features`."""
         return state.processor(features)
 
-    def prepare(self, state: TrainState, inputs: Any) -> dict[str, torch.Tensor]:
-        """Validate and collate in one go."""
-        return self.collate(state, self.features(state, inputs))
-
     @staticmethod
     def _encode(state: TrainState, trajectory: Mapping[str, Any], index: int) -> InputFeature:
         if state.template is None:

@@ -7,6 +7,11 @@ Layout of ``<output_dir>/<name>/`` (written atomically, see :mod:`checkpoint_io`
 - ``twinkle_state.json``: adapter name, step counters, dataloader position;
 - ``optimizer.pt``: optimizer and LR-scheduler state (when saved with ``save_optimizer``);
 - ``rng_state.pt``: Python, numpy and torch RNG states, so a resumed run draws the same numbers.
+
+Under data parallelism every rank calls ``save``: FSDP shards are gathered
+into full tensors (a collective), rank 0 writes the one consolidated
+checkpoint, and no rank returns before it is written (or failed, on all ranks
+alike). It loads in one process like any other.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from twinkle.model.checkpoint_io import (
     restore_rng_state,
     write_json,
 )
+from twinkle.model.distributed import full_tensors, shard_optimizer_state
 from twinkle.model.train_state import TrainState
 
 if TYPE_CHECKING:
@@ -52,11 +58,35 @@ def save(
     if not name or name in (".", "..") or Path(name).name != name:
         raise ConfigurationError(f"checkpoint name must be a plain directory name, got {name!r}")
     final = Path(output_dir or os.environ.get("TWINKLE_OUTPUT_DIR", DEFAULT_OUTPUT_DIR)) / name
+    # Every rank gathers (FSDP shards are all-gathered); only the writer writes.
+    tensors = full_tensors(owner._adapter_state_dict(state) if state.is_adapter else owner.model.state_dict())
+    optimizer_state = None
+    if save_optimizer and state.optimizer is not None:
+        optimizer_state = full_tensors(
+            {
+                "optimizer": state.optimizer.state_dict(),
+                "lr_scheduler": state.lr_scheduler.state_dict() if state.lr_scheduler is not None else None,
+            }
+        )
+    with owner.parallel.all_or_none():  # also the barrier: nobody returns before the checkpoint exists
+        if owner.parallel.is_writer:
+            _write(owner, state, final, tensors, optimizer_state, dataloader)
+    return final
+
+
+def _write(
+    owner: TrainingModel,
+    state: TrainState,
+    final: Path,
+    tensors: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any] | None,
+    dataloader: Any,
+) -> None:
     with atomic_directory(final) as tmp:
         if state.is_adapter:
-            owner._write_adapter(state, tmp)
+            owner._write_adapter(state, tmp, tensors)
         else:
-            owner.model.save_pretrained(str(tmp), safe_serialization=True)
+            owner.model.save_pretrained(str(tmp), state_dict=tensors, safe_serialization=True)
             _copy_tokenizer_files(Path(owner.model_path), tmp)
         write_json(
             tmp / STATE_FILE,
@@ -68,16 +98,9 @@ def save(
                 "dataloader": dataloader.get_state() if dataloader is not None else None,
             },
         )
-        if save_optimizer and state.optimizer is not None:
-            torch.save(
-                {
-                    "optimizer": state.optimizer.state_dict(),
-                    "lr_scheduler": state.lr_scheduler.state_dict() if state.lr_scheduler is not None else None,
-                },
-                tmp / OPTIMIZER_FILE,
-            )
+        if optimizer_state is not None:
+            torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
         torch.save(capture_rng_state(), tmp / RNG_FILE)
-    return final
 
 
 def load_weights(owner: TrainingModel, path: Path, adapter_name: str | None, load_optimizer: bool) -> TrainState:
@@ -106,7 +129,8 @@ def load_weights(owner: TrainingModel, path: Path, adapter_name: str | None, loa
         owner.add_adapter_to_model(name, path, gradient_accumulation_steps=gradient_accumulation)
     state = owner._state(name)
     if optimizer_state is not None:
-        state.optimizer.load_state_dict(optimizer_state["optimizer"])  # type: ignore[union-attr]
+        optimizer = state.require_optimizer()
+        optimizer.load_state_dict(shard_optimizer_state(optimizer_state["optimizer"], optimizer))
         if optimizer_state["lr_scheduler"] is not None:
             state.lr_scheduler.load_state_dict(optimizer_state["lr_scheduler"])
     return state

@@ -3,20 +3,28 @@
 The :class:`TrainingModel` methods of the same names pick the adapter's
 :class:`TrainState` and delegate here; ``state.pending`` carries the last
 ``forward`` (and its loss) over to ``calculate_loss`` and ``backward``.
+
+Under data parallelism (``owner.parallel``) ``inputs`` are this rank's share
+of the global batch: losses are normalised over the global batch and the
+returned losses, token counts and metrics are the global batch's (see
+:mod:`twinkle.model.global_batch`). Local checks run in ``all_or_none`` blocks,
+so a bad share fails the call on every rank instead of leaving the others waiting.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from twinkle.data_format import LossOutput, ModelOutput
+from twinkle.data_format import InputFeature, LossOutput, ModelOutput
 from twinkle.errors import InvalidInputError
 from twinkle.model.batching import GradGuard
-from twinkle.model.microbatch import check_loss_inputs, micro_batches
+from twinkle.model.global_batch import global_denominator, record_call
+from twinkle.model.microbatch import check_loss_inputs, check_micro_batch_size, micro_batches
 from twinkle.model.token_logps import TokenLogpsResult, causal_token_logps, merge_token_counts
 from twinkle.model.train_state import TrainState
 from twinkle.model.training_metric import token_weighted_mean
@@ -26,36 +34,48 @@ if TYPE_CHECKING:
     from twinkle.model.training_model import TrainingModel
 
 
+@dataclass
+class _Pending:
+    """The last ``forward`` (and, once computed, its loss), waiting for ``calculate_loss`` / ``backward``."""
+
+    features: list[InputFeature]
+    batch: dict[str, torch.Tensor]
+    result: TokenLogpsResult
+    output: ModelOutput
+    seconds: float
+    loss_output: LossOutput | None = None
+
+
 def forward(owner: TrainingModel, state: TrainState, inputs: Any) -> ModelOutput:
-    batch = owner._batches.prepare(state, inputs)
+    features, batch = _prepare(owner, state, inputs)
     start = time.perf_counter()
     result = _run(owner, state, batch)
     output = _model_output(result, detach=False)
-    state.pending = (batch, result, output, None, time.perf_counter() - start)
+    state.pending = _Pending(features, batch, result, output, time.perf_counter() - start)
     return output
 
 
 def calculate_loss(owner: TrainingModel, state: TrainState, loss_inputs: Mapping[str, Any]) -> LossOutput:
-    if state.pending is None:
+    pending = state.pending
+    if pending is None:
         raise InvalidInputError("calculate_loss needs a preceding forward(...) call")
-    batch, result, output, _, seconds = state.pending
-    check_loss_inputs(loss_inputs, len(batch["seq_lens"]))
-    loss_output = owner._compute_loss(state, batch, output, None, loss_inputs)
-    state.pending = (batch, result, output, loss_output, seconds)
-    return loss_output
+    with owner.parallel.all_or_none():
+        check_loss_inputs(loss_inputs, len(pending.features))
+    pending.loss_output = _loss(owner, state, pending.features, pending.batch, pending.output, loss_inputs)
+    return pending.loss_output
 
 
-def backward(state: TrainState) -> None:
-    if state.pending is None or state.pending[3] is None:
+def backward(owner: TrainingModel, state: TrainState) -> None:
+    pending = state.pending
+    if pending is None or pending.loss_output is None:
         raise InvalidInputError("backward needs forward(...) and calculate_loss(...) first")
-    batch, result, _, loss_output, seconds = state.pending
     state.pending = None
     start = time.perf_counter()
-    (loss_output.loss / state.gradient_accumulation_steps).backward()
+    owner.parallel.backward(pending.loss_output.loss, state.gradient_accumulation_steps)
     state.accumulated += 1
-    state.train_metric.record_step(
-        batch, result, float(loss_output.loss.detach()), seconds + time.perf_counter() - start
-    )
+    seconds = pending.seconds + time.perf_counter() - start
+    loss = float(pending.loss_output.loss.detach())
+    record_call(owner.parallel, state.train_metric, pending.batch, pending.result, loss, seconds)
 
 
 def forward_backward(
@@ -65,53 +85,122 @@ def forward_backward(
     micro_batch_size: int | None,
     loss_inputs: Mapping[str, Any],
 ) -> ModelOutput:
-    features = owner._batches.features(state, inputs)
-    check_loss_inputs(loss_inputs, len(features))
-    full_batch = owner._batches.collate(state, features)
-    normalizer = state.loss.normalizer(full_batch)
+    features, full_batch = _prepare(owner, state, inputs, loss_inputs, micro_batch_size)
+    collate = _collate(owner, state)
+    denominator = global_denominator(owner.parallel, state.loss, features, full_batch, collate, micro_batch_size)
     start = time.perf_counter()
     total_loss, logps, results, loss_metrics = 0.0, [], [], []
     with GradGuard(state.params):
         for part, part_inputs in micro_batches(features, loss_inputs, micro_batch_size):
-            batch = full_batch if len(part) == len(features) else owner._batches.collate(state, part)
+            batch = full_batch if len(part) == len(features) else collate(list(part))
             result = _run(owner, state, batch)
             output = _model_output(result, detach=False)
-            weight = None if normalizer is not None else len(part) / len(features)
-            loss_output = owner._compute_loss(state, batch, output, normalizer, part_inputs, weight)
-            (loss_output.loss / state.gradient_accumulation_steps).backward()
+            with owner.parallel.all_or_none():  # a failing loss on any rank stops every rank before backward
+                loss_output = owner._compute_loss(
+                    state, batch, output, denominator.normalizer, part_inputs, denominator.weight(len(part))
+                )
+            owner.parallel.backward(loss_output.loss, state.gradient_accumulation_steps)
             total_loss += float(loss_output.loss.detach())
             logps.extend(t.detach().cpu() for t in unpack(result.logps_BT, batch))
             results.append(result)
             loss_metrics.append((loss_output.metrics, int(result.supervised_BT.sum())))
     state.accumulated += 1
-    metrics = token_weighted_mean(loss_metrics)
     elapsed = time.perf_counter() - start
-    state.train_metric.record_step(full_batch, merge_token_counts(results), total_loss, elapsed, metrics)
-    supervised = sum(int(r.supervised_BT.sum()) for r in results)
-    return ModelOutput(loss=total_loss, logps=logps, num_tokens=supervised, metrics=metrics)
+    loss, supervised, metrics = record_call(
+        owner.parallel,
+        state.train_metric,
+        full_batch,
+        merge_token_counts(results),
+        total_loss,
+        elapsed,
+        token_weighted_mean(loss_metrics),
+    )
+    return ModelOutput(loss=loss, logps=logps, num_tokens=supervised, metrics=metrics)
 
 
 def forward_only(
     owner: TrainingModel, state: TrainState, inputs: Any, return_logits: bool, loss_inputs: Mapping[str, Any]
 ) -> ModelOutput:
-    batch = owner._batches.prepare(state, inputs)
+    features, batch = _prepare(owner, state, inputs)
     start = time.perf_counter()
+    loss = None
     owner.model.eval()
     try:
         with torch.no_grad():
             result = _run(owner, state, batch, return_logits)
             output = _model_output(result, detach=True)
             required = getattr(state.loss, "required_inputs", ())
-            if bool(result.supervised_BT.any()) and all(name in loss_inputs for name in required):
-                loss_output = owner._compute_loss(state, batch, output, None, loss_inputs)
-                output.loss, output.metrics = float(loss_output.loss), dict(loss_output.metrics)
+            labelled = owner.parallel.sum([float(result.supervised_BT.any())])[0] > 0
+            if labelled and all(name in loss_inputs for name in required):
+                loss_output = _loss(owner, state, features, batch, output, loss_inputs)
+                loss, output.metrics = float(loss_output.loss), dict(loss_output.metrics)
     finally:
         owner.model.train()
-    state.eval_metric.record_step(batch, result, output.loss, time.perf_counter() - start, output.metrics)
+    seconds = time.perf_counter() - start
+    output.loss, output.num_tokens, output.metrics = record_call(
+        owner.parallel, state.eval_metric, batch, result, loss, seconds, output.metrics
+    )
     output.logps = [t.cpu() for t in unpack(result.logps_BT, batch)]
     if return_logits:
         output.logits = [t.cpu() for t in unpack(result.logits_BTV, batch)]
     return output
+
+
+def generate(owner: TrainingModel, state: TrainState, input_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+    """Greedy continuation of one prompt (under FSDP every rank must call it with the same prompt)."""
+    _, batch = _prepare(owner, state, [{"input_ids": list(input_ids)}])
+    owner.model.eval()
+    try:
+        with torch.no_grad(), owner._adapter_scope(state, batch_size=1):
+            prompt = batch["input_ids"].to(owner.device)
+            output = owner.parallel.run(
+                owner.model.generate,
+                input_ids=prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=owner.pad_token_id,
+            )
+    finally:
+        owner.model.train()
+    return output[0, prompt.shape[1] :].tolist()
+
+
+def _prepare(
+    owner: TrainingModel,
+    state: TrainState,
+    inputs: Any,
+    loss_inputs: Mapping[str, Any] | None = None,
+    micro_batch_size: int | None = None,
+) -> tuple[list[InputFeature], dict[str, Any]]:
+    """Wrap the model for data parallelism (on first use), then validate and collate this rank's ``inputs``."""
+    owner.parallel.wrap(owner.model, owner._states.values())
+    with owner.parallel.all_or_none():
+        check_micro_batch_size(micro_batch_size)
+        features = owner._batches.features(state, inputs)
+        if loss_inputs is not None:
+            check_loss_inputs(loss_inputs, len(features))
+        return features, owner._batches.collate(state, features)
+
+
+def _collate(owner: TrainingModel, state: TrainState) -> Any:
+    return lambda features: owner._batches.collate(state, features)
+
+
+def _loss(
+    owner: TrainingModel,
+    state: TrainState,
+    features: list[InputFeature],
+    batch: dict[str, torch.Tensor],
+    output: ModelOutput,
+    loss_inputs: Mapping[str, Any],
+) -> LossOutput:
+    """This rank's share of the loss of one whole (not micro-) batch, normalised over the global batch."""
+    denominator = global_denominator(owner.parallel, state.loss, features, batch, _collate(owner, state))
+    with owner.parallel.all_or_none():
+        return owner._compute_loss(
+            state, batch, output, denominator.normalizer, loss_inputs, denominator.weight(len(features))
+        )
 
 
 def _run(
@@ -119,7 +208,7 @@ def _run(
 ) -> TokenLogpsResult:
     batch = {k: v.to(owner.device) for k, v in batch.items()}
     with owner._autocast(), owner._adapter_scope(state, batch_size=batch["input_ids"].shape[0]):
-        return causal_token_logps(owner.model, batch, owner.logps_chunk_size, return_logits)
+        return owner.parallel.run(causal_token_logps, owner.model, batch, owner.logps_chunk_size, return_logits)
 
 
 def _model_output(result: TokenLogpsResult, detach: bool) -> ModelOutput:

@@ -44,6 +44,7 @@ class MultiLoraModel(TrainingModel):
     """
 
     trains_full_model = False
+    supports_data_parallel = False  # its shared passes run outside a DDP/FSDP wrapper
 
     def __init__(self, model_id: str | None = None, max_loras: int = 8, max_rank: int = 64, **kwargs: Any) -> None:
         for option, value in (("max_loras", max_loras), ("max_rank", max_rank)):
@@ -124,10 +125,13 @@ class MultiLoraModel(TrainingModel):
     def _adapter_scope(self, state: TrainState, batch_size: int) -> Any:
         return adapter_rows(self.model, [state.name] * batch_size)
 
-    def _write_adapter(self, state: TrainState, directory: Path) -> None:
+    def _adapter_state_dict(self, state: TrainState) -> dict[str, torch.Tensor]:
+        return self._adapters[state.name].state_dict()
+
+    def _write_adapter(self, state: TrainState, directory: Path, tensors: Mapping[str, torch.Tensor]) -> None:
         adapter = self._adapters[state.name]
         adapter.config.base_model_name_or_path = self.model_path
-        write_adapter_dir(directory, adapter.config, adapter.state_dict())
+        write_adapter_dir(directory, adapter.config, tensors)
 
     def _load_adapter_weights(self, adapter_name: str, directory: Path) -> None:
         self._adapters[adapter_name].load_state_dict(adapter_name, read_adapter_dir(directory)[1])

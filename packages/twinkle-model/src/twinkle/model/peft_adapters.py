@@ -55,12 +55,19 @@ def adapter_parameters(model: torch.nn.Module, name: str) -> list[torch.nn.Param
     return params
 
 
-def save_adapter(model: PeftModel, name: str, directory: Path, base_model_path: str) -> None:
-    """Write adapter ``name`` in PEFT's format into ``directory``."""
+def adapter_state_dict(model: PeftModel, name: str) -> dict[str, torch.Tensor]:
+    """Adapter ``name``'s tensors under PEFT's saved keys (the adapter name left out)."""
+    return get_peft_model_state_dict(model, adapter_name=name)
+
+
+def save_adapter(
+    model: PeftModel, name: str, directory: Path, base_model_path: str, tensors: Mapping[str, torch.Tensor]
+) -> None:
+    """Write adapter ``name``'s config and ``tensors`` (from :func:`adapter_state_dict`) in PEFT's format."""
     config = model.peft_config[name]
     config.base_model_name_or_path = base_model_path
     config.save_pretrained(str(directory))
-    state = {k: v.detach().contiguous().cpu() for k, v in get_peft_model_state_dict(model, adapter_name=name).items()}
+    state = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     save_file(state, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
 
 

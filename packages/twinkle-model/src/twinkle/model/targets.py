@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from twinkle.errors import InvalidInputError
+from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.model.batching import GradGuard
 from twinkle.model.train_state import TrainState
 from twinkle.module import chunked_token_logps
@@ -112,6 +112,8 @@ def run_targets(
     backward: bool,
 ) -> TargetsOutput:
     """``TrainingModel.forward_backward_targets``: validate, forward, loss and (optionally) backward."""
+    if owner.parallel.data_world_size > 1:  # a caller's loss over one rank's share has no global normaliser
+        raise ConfigurationError("forward_backward_targets runs in one process; under torchrun use forward_backward")
     check_sequences(sequences, *model_limits(owner.model))
     if loss_fn is not None and not callable(loss_fn):
         raise InvalidInputError(f"loss_fn must be callable, got {type(loss_fn).__name__}")

@@ -8,8 +8,13 @@ scheduler, loss, processor, template, metrics and counters (:class:`TrainState`)
 
 Subclasses decide how adapters live in the model: :class:`TransformersModel`
 through PEFT, :class:`MultiLoraModel` as per-row multi-adapter layers. They
-implement the four hooks ``_add_adapter``, ``_adapter_scope``, ``_write_adapter``
-and ``_load_adapter_weights``.
+implement the five hooks ``_add_adapter``, ``_adapter_scope``, ``_adapter_state_dict``,
+``_write_adapter`` and ``_load_adapter_weights``.
+
+Under ``torchrun`` the ``device_mesh`` (or ``twinkle.initialize``'s
+``global_device_mesh``) makes the same code train with DDP (``dp_size``) or
+FSDP2 (``fsdp_size``), each rank on its share of the global batch: see
+:mod:`twinkle.model.data_parallel` and :mod:`twinkle.model.global_batch`.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from transformers import AutoModelForCausalLM
 from twinkle.data_format import LossOutput, ModelOutput
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.hub import resolve_model
-from twinkle.infra import DeviceMesh
+from twinkle.infra import DeviceMesh, get_runtime
 from twinkle.model import checkpointing, forward_passes, peft_adapters
 from twinkle.model.batching import BatchPreparer
+from twinkle.model.data_parallel import parallelism_for
+from twinkle.model.distributed import full_tensors, local_device
 from twinkle.model.microbatch import checked_loss
 from twinkle.model.precision import MixedPrecision, autocast, check_mixed_precision
 from twinkle.model.seeding import seeded
@@ -48,10 +55,12 @@ class TrainingModel(ABC):
 
     ``model_id`` is anything :func:`twinkle.hub.resolve_model` accepts (default:
     the embedded ``builtin://qwen3-tiny``). Weights stay in ``dtype`` (float32 by
-    default); ``mixed_precision`` runs the forward under autocast.
+    default); ``mixed_precision`` runs the forward under autocast. ``device``
+    defaults to CUDA (``cuda:LOCAL_RANK`` under torchrun) when there is one.
     """
 
     trains_full_model = True  # without adapters, every weight trains
+    supports_data_parallel = True  # DDP / FSDP2 over a device_mesh under torchrun
 
     def __init__(
         self,
@@ -66,8 +75,9 @@ class TrainingModel(ABC):
     ) -> None:
         check_mixed_precision(mixed_precision)
         self.model_path = resolve_model(model_id)
-        self.device_mesh = device_mesh
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device_mesh = device_mesh or get_runtime().global_device_mesh
+        self.device = local_device(device)
+        self.parallel = parallelism_for(self.device_mesh, self.device, type(self))
         self.mixed_precision = mixed_precision
         self.logps_chunk_size = logps_chunk_size
         self.model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
@@ -98,6 +108,7 @@ class TrainingModel(ABC):
         ``seed`` makes the adapter's random initialisation independent of everything else drawn from
         torch's RNG (the global RNG is left as it was).
         """
+        self.parallel.check_unwrapped("adding an adapter")
         check_new_adapter(self._states, adapter_name, gradient_accumulation_steps)
         directory = Path(config_or_dir) if isinstance(config_or_dir, (str, Path)) else None
         config = (
@@ -114,6 +125,7 @@ class TrainingModel(ABC):
     def set_optimizer(self, optimizer_cls: Any = "AdamW", adapter_name: str | None = None, **kwargs: Any) -> None:
         """Create the optimizer (a ``torch.optim`` name or class, or ``'default'``) over this adapter's weights."""
         state = self._state(adapter_name)
+        self.parallel.wrap(self.model, self._states.values())  # the optimizer must hold the final (sharded) params
         state.optimizer = build_optimizer(optimizer_cls, state.params, **kwargs)
         state.lr_scheduler = None  # a scheduler is bound to the optimizer it was built for
 
@@ -160,7 +172,7 @@ class TrainingModel(ABC):
 
     def backward(self, adapter_name: str | None = None) -> None:
         """Back-propagate the loss from ``calculate_loss`` (scaled by 1/gradient_accumulation_steps)."""
-        forward_passes.backward(self._state(adapter_name))
+        forward_passes.backward(self, self._state(adapter_name))
 
     def forward_backward(
         self,
@@ -217,7 +229,7 @@ class TrainingModel(ABC):
     def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
         """Clip this adapter's gradients to ``max_grad_norm`` (L2); returns the norm before clipping."""
         state = self._state(adapter_name)
-        norm = float(torch.nn.utils.clip_grad_norm_(state.params, max_grad_norm))
+        norm = float(full_tensors(torch.nn.utils.clip_grad_norm_(state.params, max_grad_norm)))  # FSDP: DTensor
         state.train_metric.accumulate(grad_norm=norm)
         return norm
 
@@ -278,23 +290,9 @@ class TrainingModel(ABC):
         """Greedy continuation of one prompt with this adapter: a quick check of what training did.
 
         Batched sampling with temperatures, log-probs and per-row adapters is the sampler's job.
+        Under FSDP it is a collective: every rank calls it with the same prompt.
         """
-        state = self._state(adapter_name)
-        feature = self._batches.features(state, [{"input_ids": list(input_ids)}])[0]
-        self.model.eval()
-        try:
-            with torch.no_grad(), self._adapter_scope(state, batch_size=1):
-                prompt = torch.tensor([feature["input_ids"]], device=self.device)
-                output = self.model.generate(
-                    input_ids=prompt,
-                    attention_mask=torch.ones_like(prompt),
-                    max_new_tokens=max_new_tokens,
-                    do_sample=False,
-                    pad_token_id=self.pad_token_id,
-                )
-        finally:
-            self.model.train()
-        return output[0, prompt.shape[1] :].tolist()
+        return forward_passes.generate(self, self._state(adapter_name), input_ids, max_new_tokens)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -329,8 +327,12 @@ class TrainingModel(ABC):
         """Within the block, forwards of ``batch_size`` rows use ``state``'s adapter (none for the full model)."""
 
     @abstractmethod
-    def _write_adapter(self, state: TrainState, directory: Path) -> None:
-        """Write the adapter's config and weights in PEFT's format into ``directory``."""
+    def _adapter_state_dict(self, state: TrainState) -> dict[str, torch.Tensor]:
+        """The adapter's weights under PEFT's keys (sharded DTensors under FSDP: ``save`` gathers them)."""
+
+    @abstractmethod
+    def _write_adapter(self, state: TrainState, directory: Path, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Write the adapter's config and its weights ``tensors`` in PEFT's format into ``directory``."""
 
     @abstractmethod
     def _load_adapter_weights(self, adapter_name: str, directory: Path) -> None:

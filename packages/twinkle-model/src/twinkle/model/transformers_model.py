@@ -7,7 +7,7 @@ For many adapters trained together in one pass, see :class:`MultiLoraModel`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,8 +41,11 @@ class TransformersModel(TrainingModel):
                 param.requires_grad_(True)
         yield
 
-    def _write_adapter(self, state: TrainState, directory: Path) -> None:
-        peft_adapters.save_adapter(self.model, state.name, directory, self.model_path)
+    def _adapter_state_dict(self, state: TrainState) -> dict[str, torch.Tensor]:
+        return peft_adapters.adapter_state_dict(self.model, state.name)
+
+    def _write_adapter(self, state: TrainState, directory: Path, tensors: Mapping[str, torch.Tensor]) -> None:
+        peft_adapters.save_adapter(self.model, state.name, directory, self.model_path, tensors)
 
     def _load_adapter_weights(self, adapter_name: str, directory: Path) -> None:
         peft_adapters.load_adapter_weights(self.model, adapter_name, directory)

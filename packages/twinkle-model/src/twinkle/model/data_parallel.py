@@ -1,0 +1,195 @@
+"""How a model's computations run across processes: one process, or DDP / FSDP2 under ``torchrun``.
+
+The model's ``DeviceMesh`` decides: ``dp_size=N`` replicates the model with
+``DistributedDataParallel`` (gradients all-reduced), ``fsdp_size=N`` shards it
+with FSDP2 (``fully_shard`` per decoder layer, then the root; with ``dp_size``
+too, HSDP). :class:`Parallelism` is the one-process plan whose every method is
+the identity, so the training code calls the same methods either way.
+
+The model is wrapped on first use (``set_optimizer`` or the first forward):
+adapters are added before, since FSDP2 replaces the parameters by sharded
+ones (the adapters' :class:`TrainState` parameter lists are re-pointed to them).
+Every forward goes through the wrapper (:class:`_Runner`), which is what makes
+DDP sync gradients and FSDP2 gather the shards.
+
+Both wrappers average gradients over the data-parallel ranks; each rank's loss
+is its share of the global batch's loss (see :mod:`twinkle.model.global_batch`),
+so :meth:`Parallelism.backward` scales it by the number of ranks to turn that
+average back into the sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from twinkle.errors import ConfigurationError
+from twinkle.infra import DeviceMesh, get_runtime
+from twinkle.model import distributed
+from twinkle.model.train_state import TrainState
+from twinkle.utils import get_logger
+
+logger = get_logger(__name__)
+
+
+class _Runner(torch.nn.Module):
+    """Runs any computation on the model inside the DDP/FSDP wrapper's forward (hooks, gathers, gradient sync)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+
+class Parallelism:
+    """One process holds the whole model and the whole batch: every method is the identity."""
+
+    data_world_size = 1
+    is_writer = True  # the process that writes checkpoints
+
+    def wrap(self, model: torch.nn.Module, states: Iterable[TrainState]) -> None:
+        """Freeze the model's structure and wrap it for data parallelism (no-op here)."""
+
+    def check_unwrapped(self, action: str) -> None:
+        """Raise if the model is already wrapped, so ``action`` (adding an adapter) can no longer change it."""
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, a computation on the model."""
+        return fn(*args, **kwargs)
+
+    def sum(self, values: Sequence[float]) -> list[float]:
+        """Sums over the data-parallel ranks."""
+        return list(values)
+
+    def all_or_none(self) -> AbstractContextManager[None]:
+        """A block that fails on every rank if it fails on one (it must not run collectives)."""
+        return nullcontext()
+
+    def backward(self, loss: torch.Tensor, gradient_accumulation_steps: int) -> None:
+        """Back-propagate this rank's share of the loss so synced gradients are the global batch's.
+
+        Dividing by ``steps / ranks`` rather than multiplying keeps the one-process numbers bit for bit.
+        """
+        (loss / (gradient_accumulation_steps / self.data_world_size)).backward()
+
+
+class DataParallel(Parallelism):
+    """DDP (``dp_size``) or FSDP2 (``fsdp_size``, HSDP with both) over torchrun's processes."""
+
+    def __init__(self, mesh: DeviceMesh, device: torch.device) -> None:
+        distributed.init_process_group(device)
+        self.mesh = mesh
+        self.device = device
+        self.data_world_size = mesh.data_world_size
+        self.sharded = mesh.size("fsdp") > 1
+        self.is_writer = dist.get_rank() == 0
+        self._module: torch.nn.Module | None = None
+
+    def wrap(self, model: torch.nn.Module, states: Iterable[TrainState]) -> None:
+        if self._module is not None:
+            return
+        states = list(states)
+        if len(states) > 1:
+            raise ConfigurationError(
+                f"data-parallel training trains one adapter (or the full model) per model, got {len(states)}: "
+                f"{[s.name for s in states]}"
+            )
+        names = {id(param): name for name, param in model.named_parameters()}
+        runner = _Runner(model)
+        self._module = self._shard(runner) if self.sharded else self._replicate(runner)
+        current = dict(model.named_parameters())
+        for state in states:  # FSDP2 registered new (sharded) parameters
+            state.params = [current[names[id(param)]] for param in state.params]
+
+    def check_unwrapped(self, action: str) -> None:
+        if self._module is not None:
+            raise ConfigurationError(
+                f"{action} must happen before the model is first used (set_optimizer or a forward) under "
+                "data parallelism: the model is wrapped for DDP/FSDP by then"
+            )
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._module is None:
+            raise RuntimeError("DataParallel.run before wrap(): the model must be wrapped first")
+        output = self._module(fn, *args, **kwargs)
+        if self.sharded and not torch.is_grad_enabled():
+            # FSDP2 keeps the root's gathered parameters after forward for the backward that follows;
+            # without one they would go stale at the next optimizer step.
+            self._module.reshard()
+        return output
+
+    def sum(self, values: Sequence[float]) -> list[float]:
+        return distributed.all_reduce_sum(values, self._comm_device)
+
+    def all_or_none(self) -> AbstractContextManager[None]:
+        return distributed.all_or_none(self._comm_device)
+
+    @property
+    def _comm_device(self) -> torch.device:
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    def _replicate(self, runner: _Runner) -> torch.nn.Module:
+        if not any(p.requires_grad for p in runner.parameters()):
+            return runner  # nothing trains (e.g. a reference model): no gradients to sync
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(runner, device_ids=device_ids)
+
+    def _shard(self, runner: _Runner) -> torch.nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        dp, fsdp = self.mesh.size("dp"), self.mesh.size("fsdp")
+        torch_mesh = init_device_mesh(self.device.type, (dp, fsdp), mesh_dim_names=("dp", "fsdp"))
+        shard_mesh = torch_mesh if dp > 1 else torch_mesh["fsdp"]  # a 2-D mesh makes fully_shard HSDP
+        for param in runner.parameters():  # each rank keeps its shard of rank 0's (random) initial weights
+            if param.requires_grad:
+                dist.broadcast(param.data, src=0)
+        layers = list(_decoder_layers(runner.model))
+        if not layers:
+            raise ConfigurationError(
+                f"FSDP needs the model's decoder layer class (transformers' _no_split_modules); "
+                f"{type(runner.model).__name__} declares none"
+            )
+        for layer in layers:  # frozen base and trainable LoRA weights may share a layer: FSDP2 allows it
+            fully_shard(layer, mesh=shard_mesh)
+        return fully_shard(runner, mesh=shard_mesh)
+
+
+def _decoder_layers(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layer_classes = set(getattr(inner, "_no_split_modules", None) or ())
+    return (module for module in model.modules() if type(module).__name__ in layer_classes)
+
+
+def parallelism_for(mesh: DeviceMesh | None, device: torch.device, model_cls: type) -> Parallelism:
+    """The plan for a ``model_cls`` model on ``mesh`` (``None`` or one rank: one process)."""
+    runtime = get_runtime()
+    name = model_cls.__name__
+    if mesh is None and runtime.world_size > 1:
+        logger.warning(
+            "%s has no device_mesh but this is one of %d processes: each trains alone, without syncing gradients "
+            "(pass device_mesh=DeviceMesh.from_sizes(dp_size=...) or initialize(global_device_mesh=...))",
+            name,
+            runtime.world_size,
+        )
+    if mesh is None or mesh.world_size == 1:
+        return Parallelism()
+    if not getattr(model_cls, "supports_data_parallel", False):
+        raise ConfigurationError(f"{name} runs in one process; give it no device_mesh (or a one-rank one)")
+    others = {dim: mesh.size(dim) for dim in ("tp", "pp", "cp", "ep") if mesh.size(dim) > 1}
+    if others:
+        raise ConfigurationError(f"{name} trains with dp_size/fsdp_size only; this mesh also has {others}")
+    if runtime.world_size != mesh.world_size:
+        raise ConfigurationError(
+            f"the device_mesh spans {mesh.world_size} ranks but this is one of {runtime.world_size} processes: "
+            f"launch with torchrun --nproc_per_node {mesh.world_size}"
+        )
+    return DataParallel(mesh, device)
