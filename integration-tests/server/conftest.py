@@ -45,6 +45,7 @@ class ServerProcess:
     state_dir: Path
     log_path: Path
     keys: dict[str, str]
+    args: list[str] = field(default_factory=list)  # further ``twinkle server`` flags (``--ray``)
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
 
@@ -62,7 +63,17 @@ class ServerProcess:
         with self.log_path.open("a") as log:
             log.write(f"----- start {time.strftime('%H:%M:%S')}\n")
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "twinkle.cli", "server", "--config", str(self.config), "--port", str(self.port)],
+                [
+                    sys.executable,
+                    "-m",
+                    "twinkle.cli",
+                    "server",
+                    "--config",
+                    str(self.config),
+                    "--port",
+                    str(self.port),
+                    *self.args,
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -117,14 +128,19 @@ class ServerProcess:
 
 @pytest.fixture(scope="module")
 def start_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., ServerProcess]]:
-    """``start_server(users, user_quotas=None, **settings)``: a running server with one API key per user.
+    """``start_server(users, user_quotas=None, args=None, **settings)``: a running server, one API key per user.
 
     Keys are :func:`api_key`'s; ``user_quotas`` maps a user to its quota overrides; ``settings`` are further
-    top-level config keys (``max_loras``, ``quotas``, ...).
+    top-level config keys (``max_loras``, ``quotas``, ...); ``args`` further command-line flags.
     """
     servers: list[ServerProcess] = []
 
-    def start(users: list[str], user_quotas: dict[str, dict[str, Any]] | None = None, **settings: Any) -> ServerProcess:
+    def start(
+        users: list[str],
+        user_quotas: dict[str, dict[str, Any]] | None = None,
+        args: list[str] | None = None,
+        **settings: Any,
+    ) -> ServerProcess:
         state_dir = tmp_path_factory.mktemp("server")
         keys = {user: api_key(user) for user in users}
         quotas = user_quotas or {}
@@ -135,7 +151,7 @@ def start_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
         }
         config_path = state_dir / "server.yaml"
         config_path.write_text(yaml.safe_dump(config))
-        server = ServerProcess(config_path, state_dir, state_dir / "server.log", keys)
+        server = ServerProcess(config_path, state_dir, state_dir / "server.log", keys, list(args or []))
         servers.append(server)
         server.start()
         return server

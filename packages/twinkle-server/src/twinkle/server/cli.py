@@ -50,6 +50,10 @@ def _serve_parser() -> argparse.ArgumentParser:
     _add_config_flags(parser)
     parser.add_argument("--host", help="interface to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, help="port to listen on (default 8000; 0 picks a free one)")
+    parser.add_argument(
+        "--ray", action="store_true", default=None, help="run the model in Ray replicas (a local Ray on 127.0.0.1)"
+    )
+    parser.add_argument("--replicas", type=int, metavar="N", help="model replicas under --ray (default 1)")
     return parser
 
 
@@ -86,7 +90,9 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    config = load_config(args.config, host=args.host, port=args.port, state_dir=args.state_dir)
+    config = load_config(
+        args.config, host=args.host, port=args.port, state_dir=args.state_dir, ray=args.ray, replicas=args.replicas
+    )
     from twinkle.server.app import run_server
 
     run_server(config)

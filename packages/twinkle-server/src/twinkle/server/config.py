@@ -61,6 +61,10 @@ class ServerConfig:
     # Tinker SDK clients split a forward_backward into requests of at most this many datums.
     tinker_chunk_datums: int = 1024
     api_keys_file: Path | None = None
+    # ``twinkle server --ray``: the model runs in ``replicas`` Ray actors, each with the base model and a share
+    # of the adapters; off, it runs in the server process.
+    ray: bool = False
+    replicas: int = 1
     users: dict[str, UserConfig] = field(default_factory=dict)
     quotas: Quotas = field(default_factory=Quotas)
 
@@ -107,6 +111,8 @@ _TOP: dict[str, type] = {
     "session_timeout_s": float,
     "tinker_chunk_datums": int,
     "api_keys_file": str,
+    "ray": bool,
+    "replicas": int,
     "users": dict,
     "quotas": dict,
 }
@@ -169,7 +175,9 @@ def _problems(data: dict[str, Any], base_dir: Path) -> list[str]:
     for key in ("model_id", "host"):
         if not merged[key].strip():
             problems.append(f"{key}: must not be empty")
-    for key in ("max_loras", "max_rank", "session_timeout_s", "tinker_chunk_datums"):
+    if merged["replicas"] != 1 and not merged["ray"]:
+        problems.append(f"replicas: {merged['replicas']} replicas need ray: true (or --ray)")
+    for key in ("max_loras", "max_rank", "session_timeout_s", "tinker_chunk_datums", "replicas"):
         if merged[key] <= 0:
             problems.append(f"{key}: must be positive, got {merged[key]}")
     if merged["max_tokens_per_pass"] < 0:

@@ -21,8 +21,9 @@ from twinkle.server.app.state import ServerState
 from twinkle.server.paths import SAMPLER_WEIGHTS_DIR, safe_child
 from twinkle.server.services.components import check_call_components
 from twinkle.server.services.convert import to_wire
+from twinkle.server.services.engine import PoolTask
 from twinkle.server.services.pool import LONG_METHODS, SHORT_METHODS
-from twinkle.server.services.scheduler import SHARED_METHOD, Job
+from twinkle.server.services.scheduler import SHARED_METHOD
 
 CHECKPOINT_SCHEME = "twinkle://"
 SHORT_CALL_TIMEOUT_S = 600.0
@@ -30,9 +31,7 @@ SHORT_CALL_TIMEOUT_S = 600.0
 
 def run_short_call(state: ServerState, user: str, run_id: str, method: str, kwargs: dict[str, Any]) -> Any:
     check_call_components(method, kwargs)
-    result = state.scheduler.call(
-        run_id, lambda: state.pool.call(run_id, method, kwargs), SHORT_CALL_TIMEOUT_S, labels=(user, method)
-    )
+    result = state.engine.call(run_id, PoolTask("call", (run_id, method, kwargs)), SHORT_CALL_TIMEOUT_S, (user, method))
     return to_wire(result)
 
 
@@ -61,19 +60,11 @@ def submit_long_call(
 
     shared = None
     # micro_batch_size=None (the default, which the client spells out) must not keep a call out of a pass
-    shareable = not state.pool.is_private(run_id) and kwargs.get("micro_batch_size") is None and "inputs" in kwargs
+    shareable = not state.engine.is_private(run_id) and kwargs.get("micro_batch_size") is None and "inputs" in kwargs
     if method == SHARED_METHOD and shareable:
         loss_inputs = {key: value for key, value in kwargs.items() if key not in ("inputs", "micro_batch_size")}
         shared = AdapterRequest(run_id, kwargs["inputs"], loss_inputs)
-    job = Job(
-        queue_key=run_id,
-        run=lambda: state.pool.call(run_id, method, kwargs),
-        on_done=on_done,
-        shared=shared,
-        tokens=tokens,
-        labels=(user, method),
-    )
-    state.scheduler.submit(job)
+    state.engine.submit(run_id, PoolTask("call", (run_id, method, kwargs)), on_done, shared, tokens, (user, method))
     return future.id
 
 
@@ -88,10 +79,10 @@ def check_features(state: ServerState, inputs: Any) -> None:
     items = [inputs] if isinstance(inputs, Mapping) else inputs
     if not isinstance(items, list):
         return
-    limit = state.pool.max_length
+    limit = state.engine.max_length
     for index, item in enumerate(items):
         if isinstance(item, Mapping) and "input_ids" in item:
-            feature = validate_input_feature(item, where=f"inputs[{index}]", vocab_size=state.pool.model.vocab_size)
+            feature = validate_input_feature(item, where=f"inputs[{index}]", vocab_size=state.engine.vocab_size)
             if len(feature["input_ids"]) > limit:
                 raise InvalidInputError(
                     f"inputs[{index}] has {len(feature['input_ids'])} tokens; the model's context is {limit}"

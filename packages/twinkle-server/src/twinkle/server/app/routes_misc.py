@@ -9,17 +9,18 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
 from twinkle import wire
-from twinkle.errors import InvalidInputError, ResourceNotFoundError
+from twinkle.errors import InvalidInputError, PermissionDeniedError, ResourceNotFoundError
 from twinkle.server.app.calls import count_tokens, resolve_checkpoint
 from twinkle.server.app.http import caller, read_body, reply
 from twinkle.server.app.routes_runs import owned_run, server
 from twinkle.server.services.convert import from_wire, to_wire
-from twinkle.server.services.scheduler import Job
+from twinkle.server.services.engine import PoolTask
 
 router = APIRouter()
 api = APIRouter(prefix="/twinkle/v1")
 MAX_WAIT_S = 60.0
 VERSION = "0.1.0"
+LOOPBACK = "127.0.0.1"
 
 
 @router.get("/healthz")
@@ -33,13 +34,21 @@ async def metrics(request: Request) -> Response:
     return Response(content, media_type=media_type)
 
 
+@router.get("/admin/replicas")
+async def replicas(request: Request) -> Response:
+    """Where runs execute (pids, runs, adapters): for the operator on this machine only, so no API key."""
+    if request.client is None or request.client.host != LOOPBACK:
+        raise PermissionDeniedError("/admin/replicas answers requests from 127.0.0.1 only")
+    return reply(request, {"replicas": await run_in_threadpool(server(request).engine.replicas)})
+
+
 @api.get("/server_info")
 async def server_info(request: Request) -> Response:
     caller(request)
     state = server(request)
     return reply(
         request,
-        {"base_model": state.config.model_id, "max_rank": state.pool.max_rank, "max_loras": state.pool.max_loras,
+        {"base_model": state.config.model_id, "max_rank": state.engine.max_rank, "max_loras": state.engine.max_loras,
          "version": VERSION},
     )  # fmt: skip
 
@@ -103,8 +112,8 @@ async def sample(request: Request) -> Response:
             else:
                 state.futures.fail(future.id, error)
 
-        run = lambda: state.pool.sample(run_id, inputs, params, num_samples, template, base_path)  # noqa: E731
-        state.scheduler.submit(Job(run_id or f"sample:{user}", run, on_done, labels=(user, "sample")))
+        task = PoolTask("sample", (run_id, inputs, params, num_samples, template, base_path))
+        state.engine.submit(run_id or f"sample:{user}", task, on_done, None, 0, (user, "sample"))
     return reply(request, {"future_id": future.id})
 
 
@@ -116,7 +125,7 @@ async def encode(request: Request) -> Response:
     trajectories = body.get("trajectories")
     if not isinstance(trajectories, list):
         raise InvalidInputError("trajectories must be a list of {'messages': [...]} objects")
-    template = state.pool.template(body.get("template"))
+    template = state.engine.template(body.get("template"))
     add_generation_prompt = bool(body.get("add_generation_prompt", False))
     features = await run_in_threadpool(
         lambda: [template.encode(t, add_generation_prompt=add_generation_prompt) for t in trajectories]
@@ -131,7 +140,7 @@ async def decode(request: Request) -> Response:
     token_ids = body.get("token_ids")
     if not isinstance(token_ids, list) or not all(isinstance(ids, list) for ids in token_ids):
         raise InvalidInputError("token_ids must be a list of token-id lists")
-    template = state.pool.template(body.get("template"))
+    template = state.engine.template(body.get("template"))
     skip = bool(body.get("skip_special_tokens", False))
     texts = [template.decode(ids, skip_special_tokens=skip) for ids in token_ids]
     return reply(request, {"texts": texts})

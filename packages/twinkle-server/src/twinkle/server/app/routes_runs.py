@@ -14,6 +14,7 @@ from twinkle.server.app import calls
 from twinkle.server.app.http import caller, read_body, reply
 from twinkle.server.app.state import ServerState
 from twinkle.server.services.convert import from_wire
+from twinkle.server.services.engine import PoolTask
 from twinkle.server.services.pool import SHORT_METHODS
 from twinkle.server.store.base import Run
 
@@ -134,12 +135,8 @@ def _checkpoints(state: ServerState, user: str, run_id: str) -> list[dict[str, A
 def _add_adapter(state: ServerState, run: Run, seed: int | None = None) -> None:
     """Load the run's adapter (or model); ``seed`` fixes its initial weights whatever else the server is doing."""
     base_path = None if run.base_model is None else calls.resolve_checkpoint(state, run.user, run.id, run.base_model)
-    state.scheduler.call(
-        run.id,
-        lambda: state.pool.add_run(run.id, run.lora_config, run.gradient_accumulation_steps, seed, base_path),
-        calls.SHORT_CALL_TIMEOUT_S,
-        labels=(run.user, "create_run"),
-    )
+    task = PoolTask("add_run", (run.id, run.lora_config, run.gradient_accumulation_steps, seed, base_path))
+    state.engine.load_run(run.user, run.id, task, calls.SHORT_CALL_TIMEOUT_S)
 
 
 def _largest_rank(lora_config: Mapping[str, Any] | None) -> int:

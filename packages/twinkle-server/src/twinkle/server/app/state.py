@@ -12,6 +12,7 @@ from twinkle.server.auth import sync_config_users
 from twinkle.server.config import ServerConfig
 from twinkle.server.quotas import QuotaChecker
 from twinkle.server.services.data import DataHandles
+from twinkle.server.services.engine import Engine, LocalEngine
 from twinkle.server.services.futures import Futures
 from twinkle.server.services.pool import ModelPool
 from twinkle.server.services.scheduler import Scheduler
@@ -27,8 +28,9 @@ RESTART_REASON = "the server restarted while this call was in flight; resume fro
 class ServerState:
     config: ServerConfig
     store: Store
-    pool: ModelPool
-    scheduler: Scheduler
+    engine: Engine  # where runs' calls execute: this process, or Ray replicas (``config.ray``)
+    pool: ModelPool | None  # the in-process engine's pool and scheduler; None under --ray (Tinker needs them)
+    scheduler: Scheduler | None
     futures: Futures
     data: DataHandles
     quotas: QuotaChecker
@@ -45,18 +47,28 @@ class ServerState:
         sync_config_users(store, config)
         if failed:
             logger.warning("%d calls were in flight when the server stopped; they now report a failure", failed)
-        pool = ModelPool(config.model_id, config.max_loras, config.max_rank)
-        telemetry = Telemetry(pool)
-        scheduler = Scheduler(
-            pool.forward_backward_many,
-            max_tokens_per_pass=config.max_tokens_per_pass,
-            observe=telemetry.observe_job,
-            on_pass=telemetry.observe_pass,
-        )
-        telemetry.bind_scheduler(scheduler)
+        telemetry = Telemetry()
+        pool, scheduler, engine = None, None, None
+        if config.ray:
+            from twinkle.server.services.replicas import RayEngine  # imports Ray only when asked for
+
+            def on_lost(user: str, run_id: str) -> None:
+                store.set_resident(user, run_id, False)
+
+            engine = RayEngine(config, telemetry.observe_job, telemetry.observe_pass, on_lost)
+        else:
+            pool = ModelPool(config.model_id, config.max_loras, config.max_rank)
+            scheduler = Scheduler(
+                pool.forward_backward_many,
+                max_tokens_per_pass=config.max_tokens_per_pass,
+                observe=telemetry.observe_job,
+                on_pass=telemetry.observe_pass,
+            )
+            engine = LocalEngine(pool, scheduler)
+        telemetry.bind_engine(engine)
         state = cls(
-            config, store, pool, scheduler, Futures(store), DataHandles(pool.model_path), QuotaChecker(config),
-            telemetry,
+            config, store, engine, pool, scheduler, Futures(store), DataHandles(engine.model_path),
+            QuotaChecker(config), telemetry,
         )  # fmt: skip
         threading.Thread(target=state._reap_sessions, name="twinkle-session-reaper", daemon=True).start()
         return state
@@ -64,12 +76,11 @@ class ServerState:
     def release_run(self, user: str, run_id: str) -> None:
         """Take a run's adapter out of the pool (memory freed); its checkpoints stay."""
 
-        def release() -> None:
-            self.pool.remove_run(run_id)
+        def after(run_id: str) -> None:
             for hook in self.release_hooks:
                 hook(run_id)
 
-        self.scheduler.call(run_id, release, timeout=600, labels=(user, "release_run"))
+        self.engine.remove_run(user, run_id, after, timeout=600)
         self.store.set_resident(user, run_id, False)
 
     def close_session(self, user: str, session_id: str) -> bool:
@@ -85,7 +96,7 @@ class ServerState:
 
     def stop(self) -> None:
         self._reaper_stop.set()
-        self.scheduler.stop()
+        self.engine.stop()
         self.store.close()
 
     def _reap_sessions(self) -> None:

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 if TYPE_CHECKING:
-    from twinkle.server.services.pool import ModelPool
-    from twinkle.server.services.scheduler import Job, Scheduler
+    from twinkle.server.services.engine import Engine
+    from twinkle.server.services.scheduler import Job
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -16,7 +16,7 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 class Telemetry:
     """One registry per server (not the global one), so several servers in one process do not clash."""
 
-    def __init__(self, pool: ModelPool) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.calls = Counter(
             "twinkle_calls", "Calls run, by tenant and method", ["user", "method"], registry=self.registry
@@ -37,11 +37,11 @@ class Telemetry:
             buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=self.registry,
         )  # fmt: skip
         self.queue_depth = Gauge("twinkle_queue_depth", "Calls waiting in the scheduler", registry=self.registry)
-        self.pool_used.set_function(lambda: pool.resident_count)
-        self.pool_size.set(pool.max_loras)
 
-    def bind_scheduler(self, scheduler: Scheduler) -> None:
-        self.queue_depth.set_function(scheduler.queue_depth)
+    def bind_engine(self, engine: Engine) -> None:
+        self.pool_used.set_function(lambda: engine.resident_count)
+        self.pool_size.set(engine.max_loras)
+        self.queue_depth.set_function(engine.queue_depth)
 
     def observe_job(self, event: str, job: Job, seconds: float) -> None:
         user, method = job.labels

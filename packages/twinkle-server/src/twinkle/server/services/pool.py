@@ -47,7 +47,7 @@ class ModelPool:
         self.model_path = self.model.model_path
         self._private: dict[str, TransformersModel] = {}
         self._samplers: dict[str, TorchSampler] = {}  # by base model path; full-parameter runs by run id
-        self._templates: dict[str, Any] = {}
+        self._templates = Templates(self.model_path)
 
     @property
     def max_loras(self) -> int:
@@ -153,17 +153,8 @@ class ModelPool:
         return self._sampler(self.model_path).sample(inputs, sampling_params, adapter_name=adapter)
 
     def template(self, spec: Mapping[str, Any] | None, model_path: str | None = None) -> Any:
-        """A registered template from ``{"name", "kwargs"}`` for ``model_path``, built once per spec."""
-        spec = dict(spec or {})
-        name = check_component_name(spec.get("name", "Template"), "template.name")
-        kwargs = dict(spec.get("kwargs") or {})
-        if not all(isinstance(value, (str, int, float, bool, type(None))) for value in kwargs.values()):
-            raise InvalidInputError(f"template options must be plain values, got {kwargs}")
-        kwargs["model_id"] = model_path or self.model_path  # the tokenizer of the weights being used
-        key = repr((name, sorted(kwargs.items())))
-        if key not in self._templates:
-            self._templates[key] = build("template", name, **kwargs)
-        return self._templates[key]
+        """A registered template from ``{"name", "kwargs"}`` for ``model_path`` (default: the base model's)."""
+        return self._templates.get(spec, model_path)
 
     def _sampler_for(self, run_id: str | None, base_path: str | None) -> tuple[TorchSampler, str | None]:
         """The sampler holding the right base weights, synced with the run; and the adapter to sample with."""
@@ -182,6 +173,27 @@ class ModelPool:
         if key not in self._samplers:
             self._samplers[key] = TorchSampler(model_id=model_path or key, device=self.device)
         return self._samplers[key]
+
+
+class Templates:
+    """Registered templates built once per spec; needs only the tokenizer's folder, not the model."""
+
+    def __init__(self, model_path: str) -> None:
+        self.model_path = model_path
+        self._built: dict[str, Any] = {}
+
+    def get(self, spec: Mapping[str, Any] | None, model_path: str | None = None) -> Any:
+        """The template ``{"name", "kwargs"}`` for ``model_path`` (default: the base model's)."""
+        spec = dict(spec or {})
+        name = check_component_name(spec.get("name", "Template"), "template.name")
+        kwargs = dict(spec.get("kwargs") or {})
+        if not all(isinstance(value, (str, int, float, bool, type(None))) for value in kwargs.values()):
+            raise InvalidInputError(f"template options must be plain values, got {kwargs}")
+        kwargs["model_id"] = model_path or self.model_path  # the tokenizer of the weights being used
+        key = repr((name, sorted(kwargs.items())))
+        if key not in self._built:
+            self._built[key] = build("template", name, **kwargs)
+        return self._built[key]
 
 
 def _lora_config(lora_config: Any) -> LoraConfig:

@@ -9,7 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from twinkle.errors import InvalidInputError, ResourceNotFoundError
+from twinkle.errors import ConfigurationError, InvalidInputError, ResourceNotFoundError
 from twinkle.server.app.http import caller as authenticated_user
 from twinkle.server.app.http import read_body
 from twinkle.server.store.base import Run
@@ -22,6 +22,8 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 def tinker_caller(request: Request) -> Caller:
     """The authenticated user (``X-API-Key: tml-...``) with the server's state."""
     user = authenticated_user(request)
+    if request.app.state.server.pool is None:  # its jobs use the in-process pool directly
+        raise ConfigurationError("the Tinker API is not available under twinkle server --ray; use /twinkle/v1")
     return Caller(user, request.app.state.server, request.app.state.tinker)
 
 
