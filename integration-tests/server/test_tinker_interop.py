@@ -20,7 +20,7 @@ from twinkle.data_format import IGNORE_INDEX, make_input_feature
 from twinkle_client.http import TwinkleClient
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tinker_harness import BASE_MODEL, logprobs_of, rest_client, service_client, sft_datum
+from tinker_harness import BASE_MODEL, close_clients, logprobs_of, rest_client, service_client, sft_datum
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,8 @@ ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 
 @pytest.fixture(scope="module")
 def server(start_server):
-    return start_server(["alice"])
+    yield start_server(["alice"])
+    close_clients()
 
 
 def sequence_of(datum: types.Datum) -> list[int]:

@@ -18,14 +18,24 @@ import tinker
 from tinker import types
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tinker_harness import BASE_MODEL, logprobs_of, rest_client, rl_datum, service_client, sft_datum, weights_of
+from tinker_harness import (
+    BASE_MODEL,
+    close_clients,
+    logprobs_of,
+    rest_client,
+    rl_datum,
+    service_client,
+    sft_datum,
+    weights_of,
+)
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def server(start_server):
-    return start_server(["alice", "bob"], tinker_chunk_datums=2, max_loras=12, quotas={"max_adapters": 8})
+    yield start_server(["alice", "bob"], tinker_chunk_datums=2, max_loras=12, quotas={"max_adapters": 8})
+    close_clients()
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from tinker import types
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tinker_harness import BASE_MODEL, logprobs_of, service_client, sft_datum
+from tinker_harness import BASE_MODEL, close_clients, logprobs_of, service_client, sft_datum
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,8 @@ PROBE = [sft_datum(999, length=12)]
 
 @pytest.fixture(scope="module")
 def server(start_server):
-    return start_server(["alice", "bob", "carol"], max_loras=16, quotas={"max_adapters": 8})
+    yield start_server(["alice", "bob", "carol"], max_loras=16, quotas={"max_adapters": 8})
+    close_clients()
 
 
 def train(client: tinker.ServiceClient, seed: int, tag: int) -> tuple[np.ndarray, dict[str, torch.Tensor]]:

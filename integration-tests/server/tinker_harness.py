@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 from typing import Any
 
@@ -12,8 +13,22 @@ from tinker import types
 BASE_MODEL = "builtin://qwen3-tiny"
 
 
+_OPEN_CLIENTS: list[tinker.ServiceClient] = []
+
+
 def service_client(server: Any, user: str) -> tinker.ServiceClient:
-    return tinker.ServiceClient(base_url=server.url, api_key=server.keys[user])
+    """A client of ``user``; :func:`close_clients` ends every one still open (their heartbeats included)."""
+    client = tinker.ServiceClient(base_url=server.url, api_key=server.keys[user])
+    _OPEN_CLIENTS.append(client)
+    return client
+
+
+def close_clients() -> None:
+    """Close the clients made by :func:`service_client`, before the server they talk to stops."""
+    while _OPEN_CLIENTS:
+        client = _OPEN_CLIENTS.pop()
+        with contextlib.suppress(Exception):  # already closed by its test
+            client.close("success").result(timeout=30)
 
 
 def rest_client(server: Any, user: str) -> tinker.RestClient:
