@@ -29,13 +29,12 @@ class ServerState:
     config: ServerConfig
     store: Store
     engine: Engine  # where runs' calls execute: this process, or Ray replicas (``config.ray``)
-    pool: ModelPool | None  # the in-process engine's pool and scheduler; None under --ray (Tinker needs them)
-    scheduler: Scheduler | None
+    pool: ModelPool | None  # the in-process engine's pool, to inspect (calls go through the engine); None under --ray
     futures: Futures
     data: DataHandles
     quotas: QuotaChecker
     telemetry: Telemetry
-    # Called on the scheduler's thread with a run id when the run's adapter leaves the pool.
+    # Called with a run id once the run's adapter left its pool; the engine still routes the run's key to its replica.
     release_hooks: list[Callable[[str], None]] = field(default_factory=list)
     _reaper_stop: threading.Event = field(default_factory=threading.Event)
 
@@ -48,7 +47,7 @@ class ServerState:
         if failed:
             logger.warning("%d calls were in flight when the server stopped; they now report a failure", failed)
         telemetry = Telemetry()
-        pool, scheduler, engine = None, None, None
+        pool, engine = None, None
         if config.ray:
             from twinkle.server.services.replicas import RayEngine  # imports Ray only when asked for
 
@@ -67,7 +66,7 @@ class ServerState:
             engine = LocalEngine(pool, scheduler)
         telemetry.bind_engine(engine)
         state = cls(
-            config, store, engine, pool, scheduler, Futures(store), DataHandles(engine.model_path),
+            config, store, engine, pool, Futures(store), DataHandles(engine.model_path),
             QuotaChecker(config), telemetry,
         )  # fmt: skip
         threading.Thread(target=state._reap_sessions, name="twinkle-session-reaper", daemon=True).start()

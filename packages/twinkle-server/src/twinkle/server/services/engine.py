@@ -2,7 +2,8 @@
 
 The HTTP front (routes, store, futures, auth) talks to an engine only, and
 describes every call on a run as data (:class:`PoolTask`: a ``ModelPool``
-method and its arguments), because closures cannot reach another process.
+method and its arguments; :class:`FunctionTask`: a module-level function of the
+pool, as the Tinker API's work is), because closures cannot reach another process.
 ``twinkle.server.services.replicas.RayEngine`` runs the same tasks on Ray
 actors, each with its own pool (the base model and a share of the adapters).
 """
@@ -33,6 +34,20 @@ class PoolTask:
         return getattr(pool, self.method)(*self.args)
 
 
+@dataclass(frozen=True)
+class FunctionTask:
+    """``fn(pool, *args)``: ``fn`` must be a module-level function, which pickles by name for the replicas."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+
+    def apply(self, pool: ModelPool) -> Any:
+        return self.fn(pool, *self.args)
+
+
+Task = PoolTask | FunctionTask
+
+
 class Engine(Protocol):
     """What the HTTP front needs from whatever holds the model(s)."""
 
@@ -41,6 +56,7 @@ class Engine(Protocol):
     max_length: int
     vocab_size: int
     model_path: str
+    model_type: str
 
     @property
     def resident_count(self) -> int: ...
@@ -52,12 +68,29 @@ class Engine(Protocol):
     def queue_depth(self) -> int: ...
 
     def submit(
-        self, key: str, task: PoolTask, on_done: OnDone, shared: AdapterRequest | None, tokens: int, labels: Labels
-    ) -> None: ...
+        self,
+        key: str,
+        task: Task,
+        on_done: OnDone,
+        shared: AdapterRequest | None,
+        tokens: int,
+        labels: Labels,
+        replica: int | None = None,
+    ) -> None:
+        """Queue ``task`` under ``key`` on ``replica`` (from :meth:`replica_of`), by default ``key``'s replica."""
 
-    def call(self, key: str, task: PoolTask, timeout: float, labels: Labels) -> Any: ...
+    def call(self, key: str, task: Task, timeout: float, labels: Labels) -> Any: ...
 
-    def load_run(self, user: str, run_id: str, task: PoolTask, timeout: float) -> None: ...
+    def replica_of(self, key: str) -> int:
+        """The replica that runs ``key``'s calls now: its run's, else any live one."""
+
+    def place(self, user: str, run_id: str) -> None:
+        """Assign a run to a replica before its (asynchronous) loading call is submitted."""
+
+    def unplace(self, run_id: str) -> None:
+        """Undo :meth:`place` after the loading call failed."""
+
+    def load_run(self, user: str, run_id: str, task: Task, timeout: float) -> None: ...
 
     def remove_run(self, user: str, run_id: str, after: Callable[[str], None], timeout: float) -> None: ...
 
@@ -73,6 +106,7 @@ class LocalEngine:
         self.pool, self.scheduler = pool, scheduler
         self.max_rank, self.max_loras, self.max_length = pool.max_rank, pool.max_loras, pool.max_length
         self.vocab_size, self.model_path = pool.model.vocab_size, pool.model_path
+        self.model_type = pool.model.model.config.model_type
 
     @property
     def resident_count(self) -> int:
@@ -88,14 +122,30 @@ class LocalEngine:
         return self.scheduler.queue_depth()
 
     def submit(
-        self, key: str, task: PoolTask, on_done: OnDone, shared: AdapterRequest | None, tokens: int, labels: Labels
+        self,
+        key: str,
+        task: Task,
+        on_done: OnDone,
+        shared: AdapterRequest | None,
+        tokens: int,
+        labels: Labels,
+        replica: int | None = None,
     ) -> None:
         self.scheduler.submit(Job(key, lambda: task.apply(self.pool), on_done, shared, tokens, labels))
 
-    def call(self, key: str, task: PoolTask, timeout: float, labels: Labels) -> Any:
+    def call(self, key: str, task: Task, timeout: float, labels: Labels) -> Any:
         return self.scheduler.call(key, lambda: task.apply(self.pool), timeout, labels)
 
-    def load_run(self, user: str, run_id: str, task: PoolTask, timeout: float) -> None:
+    def replica_of(self, key: str) -> int:
+        return 0
+
+    def place(self, user: str, run_id: str) -> None:
+        pass  # one pool holds every run
+
+    def unplace(self, run_id: str) -> None:
+        pass
+
+    def load_run(self, user: str, run_id: str, task: Task, timeout: float) -> None:
         self.call(run_id, task, timeout, (user, "create_run"))
 
     def remove_run(self, user: str, run_id: str, after: Callable[[str], None], timeout: float) -> None:

@@ -28,7 +28,7 @@ import psutil
 from twinkle.errors import ServerError
 from twinkle.model import AdapterRequest, AdapterResult
 from twinkle.server.config import ServerConfig
-from twinkle.server.services.engine import Labels, OnDone, PoolTask
+from twinkle.server.services.engine import Labels, OnDone, PoolTask, Task
 from twinkle.server.services.pool import ModelPool, Templates
 from twinkle.server.services.scheduler import Job, Scheduler
 from twinkle.utils import get_logger
@@ -49,10 +49,11 @@ class ReplicaWorker:
         pool = self.pool
         return {
             "pid": os.getpid(), "max_length": pool.max_length, "vocab_size": pool.model.vocab_size,
-            "model_path": pool.model_path, "adapters": sorted(pool.model.adapter_names),
+            "model_path": pool.model_path, "model_type": pool.model.model.config.model_type,
+            "adapters": sorted(pool.model.adapter_names),
         }  # fmt: skip
 
-    def apply(self, task: PoolTask) -> Any:
+    def apply(self, task: Task) -> Any:
         with self._lock:
             return task.apply(self.pool)
 
@@ -106,7 +107,7 @@ class RayEngine:
             )  # fmt: skip
         self.max_rank, self.max_loras = config.max_rank, config.max_loras * config.replicas
         self.max_length, self.vocab_size = infos[0]["max_length"], infos[0]["vocab_size"]
-        self.model_path = infos[0]["model_path"]
+        self.model_path, self.model_type = infos[0]["model_path"], infos[0]["model_type"]
         self._templates = Templates(self.model_path)
         logger.info("%d replicas started (pids %s)", len(actors), [r.pid for r in self._replicas])
 
@@ -124,17 +125,27 @@ class RayEngine:
         return sum(r.scheduler.queue_depth() for r in self._replicas if r.scheduler is not None)
 
     def submit(
-        self, key: str, task: PoolTask, on_done: OnDone, shared: AdapterRequest | None, tokens: int, labels: Labels
+        self,
+        key: str,
+        task: Task,
+        on_done: OnDone,
+        shared: AdapterRequest | None,
+        tokens: int,
+        labels: Labels,
+        replica: int | None = None,
     ) -> None:
-        replica = self._route(key)
-        replica.scheduler.submit(Job(key, lambda: self._apply(replica, key, task), on_done, shared, tokens, labels))
+        target = self._route(key) if replica is None else self._replicas[replica]
+        target.scheduler.submit(Job(key, lambda: self._apply(target, key, task), on_done, shared, tokens, labels))
 
-    def call(self, key: str, task: PoolTask, timeout: float, labels: Labels) -> Any:
+    def call(self, key: str, task: Task, timeout: float, labels: Labels) -> Any:
         replica = self._route(key)
         return replica.scheduler.call(key, lambda: self._apply(replica, key, task), timeout, labels)
 
-    def load_run(self, user: str, run_id: str, task: PoolTask, timeout: float) -> None:
-        """Load the run on its replica: the one it is on, else the live one with the fewest runs."""
+    def replica_of(self, key: str) -> int:
+        return self._route(key).index
+
+    def place(self, user: str, run_id: str) -> None:
+        """The run's replica: the one it is on, else the live one with the fewest runs."""
         with self._lock:
             replica = self._placed(run_id)
             if replica is None:
@@ -143,19 +154,34 @@ class RayEngine:
                     raise ServerError("every replica has died; restart the server")
                 replica = min(live, key=lambda r: len(r.runs))
             replica.runs[run_id] = user
+
+    def unplace(self, run_id: str) -> None:
+        with self._lock:
+            for replica in self._replicas:
+                replica.runs.pop(run_id, None)
+                replica.private.discard(run_id)
+
+    def load_run(self, user: str, run_id: str, task: Task, timeout: float) -> None:
+        """Load the run on its replica (see :meth:`place`)."""
+        self.place(user, run_id)
+        replica = self._route(run_id)
         try:
             self.call(run_id, task, timeout, (user, "create_run"))
             if self.call(run_id, PoolTask("is_private", (run_id,)), timeout, (user, "create_run")):
                 replica.private.add(run_id)  # known here: whether its calls may join shared passes
         except Exception:
-            self._forget(run_id)
+            self.unplace(run_id)
             raise
 
     def remove_run(self, user: str, run_id: str, after: Callable[[str], None], timeout: float) -> None:
-        if self._placed(run_id) is not None:
-            self.call(run_id, PoolTask("remove_run", (run_id,)), timeout, (user, "release_run"))
-            self._forget(run_id)
-        after(run_id)
+        if self._placed(run_id) is None:
+            after(run_id)
+            return
+        self.call(run_id, PoolTask("remove_run", (run_id,)), timeout, (user, "release_run"))
+        try:
+            after(run_id)  # before the run is unplaced: hooks may queue clean-up on its replica
+        finally:
+            self.unplace(run_id)
 
     def replicas(self) -> list[dict[str, Any]]:
         """Each replica's pid, the runs assigned to it, and the adapters it holds (asked of the replica)."""
@@ -198,13 +224,7 @@ class RayEngine:
             raise ServerError("every replica has died; restart the server")
         return replica
 
-    def _forget(self, run_id: str) -> None:
-        with self._lock:
-            for replica in self._replicas:
-                replica.runs.pop(run_id, None)
-                replica.private.discard(run_id)
-
-    def _apply(self, replica: _Replica, key: str, task: PoolTask) -> Any:
+    def _apply(self, replica: _Replica, key: str, task: Task) -> Any:
         return self._get(replica, replica.actor.apply.remote(task), [key])
 
     def _forward_backward_many(self, replica: _Replica, requests: list[AdapterRequest]) -> list[AdapterResult]:

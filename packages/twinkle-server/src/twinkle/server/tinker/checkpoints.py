@@ -8,6 +8,8 @@ from pathlib import Path
 from twinkle.errors import ConfigurationError, InvalidInputError, ResourceNotFoundError
 from twinkle.server.app.calls import checkpoint_directory
 from twinkle.server.paths import safe_child
+from twinkle.server.services.engine import FunctionTask
+from twinkle.server.services.pool import ModelPool
 from twinkle.server.tinker.jobs import Caller
 from twinkle.server.tinker.paths import CheckpointPath, parse_path
 from twinkle.server.tinker.replies import json_result
@@ -20,17 +22,22 @@ def check_new_checkpoint(caller: Caller, target: CheckpointPath, overwrite: bool
         raise InvalidInputError(f"checkpoint {target.tinker_path!r} exists; pass overwrite=True to replace it")
 
 
-def save(caller: Caller, target: CheckpointPath) -> bytes:
-    """Write the run's adapter (with optimizer state for a training checkpoint) and record it."""
-    state, run_id = caller.state, target.run_id
-    directory = checkpoint_directory(state, caller.user, run_id, target.store_name)
-    path = state.pool.model.save(
-        directory.name,
-        output_dir=str(directory.parent),
-        save_optimizer=target.kind == "training",
-        adapter_name=run_id,
+def save_task(caller: Caller, target: CheckpointPath) -> FunctionTask:
+    """Writing the run's adapter (with optimizer state for a training checkpoint); :func:`record` follows."""
+    directory = checkpoint_directory(caller.state, caller.user, target.run_id, target.store_name)
+    return FunctionTask(write, (target.run_id, directory, target.kind == "training"))
+
+
+def write(pool: ModelPool, run_id: str, directory: Path, with_optimizer: bool) -> str:
+    path = pool.model.save(
+        directory.name, output_dir=str(directory.parent), save_optimizer=with_optimizer, adapter_name=run_id
     )
-    state.store.add_checkpoint(caller.user, run_id, target.store_name, str(path))
+    return str(path)
+
+
+def record(caller: Caller, target: CheckpointPath, path: str) -> bytes:
+    """Record a written checkpoint (at ``path``) and make the reply."""
+    caller.state.store.add_checkpoint(caller.user, target.run_id, target.store_name, path)
     caller.tinker.forget_loaded(sampler_adapter_name(caller.user, target))  # a sampler must not serve the old files
     return json_result({"path": target.tinker_path})
 
@@ -47,8 +54,8 @@ def resolve(caller: Caller, path: object) -> tuple[CheckpointPath, Path]:
     return target, Path(checkpoint.path)
 
 
-def load(caller: Caller, run_id: str, directory: Path, with_optimizer: bool) -> bytes:
-    caller.state.pool.model.load(str(directory), adapter_name=run_id, load_optimizer=with_optimizer)
+def load(pool: ModelPool, run_id: str, directory: Path, with_optimizer: bool) -> bytes:
+    pool.model.load(str(directory), adapter_name=run_id, load_optimizer=with_optimizer)
     return json_result({"model_id": run_id, "type": "load_weights"})
 
 

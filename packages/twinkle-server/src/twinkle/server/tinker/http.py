@@ -9,7 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from twinkle.errors import ConfigurationError, InvalidInputError, ResourceNotFoundError
+from twinkle.errors import InvalidInputError, ResourceNotFoundError
 from twinkle.server.app.http import caller as authenticated_user
 from twinkle.server.app.http import read_body
 from twinkle.server.store.base import Run
@@ -21,10 +21,7 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 def tinker_caller(request: Request) -> Caller:
     """The authenticated user (``X-API-Key: tml-...``) with the server's state."""
-    user = authenticated_user(request)
-    if request.app.state.server.pool is None:  # its jobs use the in-process pool directly
-        raise ConfigurationError("the Tinker API is not available under twinkle server --ray; use /twinkle/v1")
-    return Caller(user, request.app.state.server, request.app.state.tinker)
+    return Caller(authenticated_user(request), request.app.state.server, request.app.state.tinker)
 
 
 async def parse(request: Request, model: type[ModelT]) -> ModelT:
@@ -74,7 +71,7 @@ def resident_run(caller: Caller, model_id: str) -> Run:
 
 def check_base_model(caller: Caller, base_model: str | None) -> None:
     """The server hosts one base model, known by its configured id or its local folder (which has the tokenizer)."""
-    names = (caller.state.config.model_id, caller.state.pool.model_path)
+    names = (caller.state.config.model_id, caller.state.engine.model_path)
     if base_model is not None and base_model not in names:
         raise InvalidInputError(
             f"unknown base model {base_model!r}; this server hosts {names[0]!r} (also {names[1]!r})"

@@ -1,8 +1,10 @@
-"""Turning a Tinker request into a future: deduplicated, ordered by ``seq_id``, run by the scheduler.
+"""Turning a Tinker request into a future: deduplicated, ordered by ``seq_id``, run by the engine.
 
 Every future-creating endpoint only enqueues (the SDK expects an answer within
-its timeout); the work runs on the scheduler's worker thread, the only thread
-that touches models, and its reply is stored as the bytes the SDK will read.
+its timeout). The work is a task (data, see ``services/engine.py``) run by the
+pool holding the run, in this process or on a Ray replica; ``finish`` then turns
+its result into the bytes the SDK will read, here, where the store and the
+Tinker state are.
 """
 
 from __future__ import annotations
@@ -10,11 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
+from typing import Any
 
 from twinkle.errors import InvalidInputError
 from twinkle.server.app.state import ServerState
-from twinkle.server.services.scheduler import Job
+from twinkle.server.services.engine import PoolTask, Task
 from twinkle.server.tinker.state import TinkerState
+from twinkle.utils import get_logger
+
+logger = get_logger(__name__)
 
 METHOD_PREFIX = "tinker."  # future methods of this API, so the native API can tell them apart
 
@@ -31,20 +37,24 @@ class Caller:
 def submit(
     caller: Caller,
     method: str,
-    work: Callable[[], bytes],
+    task: Task,
     *,
     queue_key: str,
     run_id: str | None = None,
     seq_id: int | None = None,
     key: str | None = None,
     tokens: int = 0,
+    replica: int | None = None,
+    finish: Callable[[Any], bytes] | None = None,
+    on_failure: Callable[[], None] | None = None,
 ) -> str:
-    """Queue ``work`` and return its future id (request id).
+    """Queue ``task`` (on ``replica``, by default the one ``queue_key`` routes to) and return its future id.
 
     With ``seq_id`` the request belongs to ``run_id``'s training stream: a retry of
     the same ``(run_id, seq_id)`` returns the first request's id without running
-    again, and the work is released to the scheduler in ``seq_id`` order. Other
-    requests are deduplicated on ``key`` when one is given.
+    again, and the work is released to the engine in ``seq_id`` order. Other
+    requests are deduplicated on ``key`` when one is given. ``finish`` makes the reply
+    from the task's result (default: the result is the reply); ``on_failure`` runs if either fails.
     """
     state = caller.state
     if seq_id:
@@ -53,14 +63,21 @@ def submit(
     if not created:
         return future.id
 
-    def on_done(result: bytes | None, error: BaseException | None) -> None:
+    def on_done(result: Any, error: BaseException | None) -> None:
+        if error is None and finish is not None:
+            try:
+                result = finish(result)
+            except Exception as exc:  # recording the result failed: the caller must hear about it
+                error = exc
         if error is not None:
+            if on_failure is not None:
+                on_failure()
             state.futures.fail(future.id, error)
         else:
             state.futures.resolve_raw(future.id, result or b"")
 
     def release() -> None:
-        state.scheduler.submit(Job(queue_key, work, on_done, tokens=tokens, labels=(caller.user, method)))
+        state.engine.submit(queue_key, task, on_done, None, tokens, (caller.user, method), replica)
 
     def cancel() -> None:
         state.futures.fail(future.id, RuntimeError("the model was unloaded before this request's turn came"))
@@ -81,3 +98,15 @@ def skip_turn(caller: Caller, run_id: str, seq_id: int | None) -> None:
     if seq_id:
         with suppress(InvalidInputError):  # the seq_id itself was the problem: nothing to skip
             caller.tinker.gate.submit(run_id, seq_id, lambda: None, lambda: None)
+
+
+def drop_sampler_adapters(state: ServerState, user: str, run_id: str, adapters: list[str]) -> None:
+    """Queue the removal of sampler adapters from the pool that holds (or held) ``run_id``; no one waits for it."""
+
+    def on_done(_: Any, error: BaseException | None) -> None:
+        if error is not None:
+            logger.warning("could not drop sampler adapters %s of %s: %s", adapters, run_id, error)
+
+    for adapter in adapters:
+        task = PoolTask("drop_sampler_adapter", (adapter,))
+        state.engine.submit(run_id, task, on_done, None, 0, (user, METHOD_PREFIX + "drop_sampler_adapter"))

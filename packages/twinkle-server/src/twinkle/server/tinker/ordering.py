@@ -5,7 +5,7 @@ one as soon as the previous one is queued, so requests overlap in flight; a
 chunked ``forward_backward`` even sends its first chunk last. The gate holds a
 request until every lower ``seq_id`` of its model has been released, then
 releases it (and any held successors) in order. Releasing only queues the work
-(it must not block): the scheduler's per-run queue then keeps that order.
+(it must not block): the engine's per-run queue then keeps that order.
 """
 
 from __future__ import annotations

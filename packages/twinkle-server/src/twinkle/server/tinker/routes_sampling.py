@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from tinker import types
 
 from twinkle.errors import InvalidInputError, ResourceNotFoundError
+from twinkle.server.services.engine import FunctionTask, PoolTask
 from twinkle.server.store.base import Run
 from twinkle.server.tinker import checkpoints, sampling
 from twinkle.server.tinker.http import PREFIX, check_base_model, future, parse, reply, tinker_caller
-from twinkle.server.tinker.jobs import Caller, submit
+from twinkle.server.tinker.jobs import Caller, drop_sampler_adapters, submit
 from twinkle.server.tinker.paths import sampler_id
 from twinkle.server.tinker.replies import json_result
 from twinkle.server.tinker.state import SamplingSession
@@ -20,28 +21,29 @@ from twinkle.server.tinker.state import SamplingSession
 router = APIRouter(prefix=PREFIX)
 
 
-def snapshot_work(caller: Caller, run: Run, sampling_session_seq_id: int, kind: str) -> Callable[[], bytes]:
+def submit_snapshot(caller: Caller, run: Run, sampling_session_seq_id: int, kind: str, seq_id: int | None) -> str:
     """An ephemeral ``save_weights_for_sampler``: a sampling session on a copy of the run's adapter as it is now.
 
     ``snapshot`` copies are the session's own; ``inflight`` sessions of a run share one copy, refreshed by each save.
+    The copy lives in the sampler of the pool holding the run, so the session's samples go there too.
     """
     session_id = sampler_id(run.session_id, sampling_session_seq_id)
     adapter = f"inflight:{run.id}" if kind == "inflight" else session_id
     base_model = run.metadata.get("base_model") or caller.state.config.model_id
 
-    def work() -> bytes:
-        pool = caller.state.pool
-        pool.snapshot_adapter(run.id, adapter)
+    def finish(_: Any) -> bytes:
         if kind == "inflight":
             caller.tinker.add_inflight(run.id, adapter)
         else:
-            for old in caller.tinker.add_snapshot(run.id, adapter):
-                pool.drop_sampler_adapter(old)
+            drop_sampler_adapters(caller.state, caller.user, run.id, caller.tinker.add_snapshot(run.id, adapter))
         session = SamplingSession(session_id, caller.user, base_model, None, adapter=adapter, run_id=run.id)
         caller.tinker.add_session(session)
         return json_result({"sampling_session_id": session_id, "type": "save_weights_for_sampler"})
 
-    return work
+    task = PoolTask("snapshot_adapter", (run.id, adapter))
+    return submit(
+        caller, "save_weights_for_sampler", task, queue_key=run.id, run_id=run.id, seq_id=seq_id, finish=finish
+    )
 
 
 def _session_for(caller: Caller, session_id: str, base_model: str | None, model_path: str | None) -> SamplingSession:
@@ -85,25 +87,32 @@ async def asample(request: Request) -> JSONResponse:
     tokens = sampling.prompt_tokens(body.prompt)
     params = sampling.sampling_params(body)
     sampling.check_last_n(body.prompt_logprobs_last_n, len(tokens))
-    vocab = state.pool.model.vocab_size
+    engine = state.engine
+    vocab = engine.vocab_size
     if any(not 0 <= token < vocab for token in tokens):
         raise InvalidInputError(f"prompt has token ids outside the vocabulary [0, {vocab})")
-    if len(tokens) + params.max_tokens > state.pool.max_length:
+    if len(tokens) + params.max_tokens > engine.max_length:
         raise InvalidInputError(
             f"the prompt has {len(tokens)} tokens: with max_tokens={params.max_tokens} it exceeds the model's "
-            f"{state.pool.max_length}-token context"
+            f"{engine.max_length}-token context"
         )
     state.quotas.check_tokens(caller.user, len(tokens) * params.num_samples)
 
-    def work() -> bytes:
-        if session.directory is not None and caller.tinker.mark_loaded(session.adapter):
-            try:
-                state.pool.load_sampler_adapter(session.adapter, session.directory)
-            except Exception:
-                caller.tinker.forget_loaded(session.adapter)
-                raise
-        return sampling.sample(state.pool, session.adapter, tokens, params, body.prompt_logprobs_last_n)
+    queue_key, args = f"sample:{session.id}", (tokens, params, body.prompt_logprobs_last_n)
+    replica = engine.replica_of(session.run_id or queue_key)  # a snapshot is in its run's pool; else any will do
+    task, finish = FunctionTask(sampling.sample, (session.adapter, *args)), None
+    if session.directory is not None:
+        # Marked once a load succeeded (a deduplicated retry runs and marks nothing); requests sent before
+        # then load it too.
+        reload = not caller.tinker.is_loaded(session.adapter, replica)
+        task = FunctionTask(sampling.sample_checkpoint, (session.adapter, session.directory, reload, *args))
+
+        def finish(reply: bytes) -> bytes:
+            caller.tinker.mark_loaded(session.adapter, replica)
+            return reply
 
     key = None if body.seq_id is None else f"tinker-sample:{session.id}:{body.seq_id}"
-    request_id = submit(caller, "sample", work, queue_key=f"sample:{session.id}", key=key, tokens=len(tokens))
+    request_id = submit(
+        caller, "sample", task, queue_key=queue_key, key=key, tokens=len(tokens), replica=replica, finish=finish
+    )
     return future(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(params.num_samples)])

@@ -37,7 +37,7 @@ async def capabilities(request: Request) -> JSONResponse:
     caller = tinker_caller(request)
     state = caller.state
     return reply(
-        {"supported_models": [{"model_name": state.config.model_id, "max_context_length": state.pool.max_length,
+        {"supported_models": [{"model_name": state.config.model_id, "max_context_length": state.engine.max_length,
                                "trainable": True, "sampleable": True}]}
     )  # fmt: skip
 

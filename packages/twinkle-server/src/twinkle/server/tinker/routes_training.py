@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from tinker import types
 
 from twinkle.errors import InvalidInputError, ResourceNotFoundError
+from twinkle.server.services.engine import FunctionTask
 from twinkle.server.tinker import checkpoints, training
 from twinkle.server.tinker.codec import decode_forward_backward
 from twinkle.server.tinker.http import (
@@ -24,7 +24,7 @@ from twinkle.server.tinker.http import (
 from twinkle.server.tinker.jobs import METHOD_PREFIX, Caller, skip_turn, submit
 from twinkle.server.tinker.paths import CheckpointPath, training_run_id
 from twinkle.server.tinker.replies import POLL_WAIT_S, future_reply
-from twinkle.server.tinker.routes_sampling import snapshot_work
+from twinkle.server.tinker.routes_sampling import submit_snapshot
 from twinkle.utils import get_logger
 
 router = APIRouter(prefix=PREFIX)
@@ -32,7 +32,7 @@ logger = get_logger(__name__)
 
 
 def _new_run(
-    caller: Caller, session_id: str, model_seq_id: int, config: dict, metadata: dict, then: Callable[[], bytes] | None
+    caller: Caller, session_id: str, model_seq_id: int, config: dict, metadata: dict, then: FunctionTask | None
 ) -> JSONResponse:
     """Record and load a new model (its first request, seq 0); ``then`` (a load) runs right after and replies."""
     state, user = caller.state, caller.user
@@ -43,17 +43,16 @@ def _new_run(
         if state.store.create_run(user, session_id, config, run_id=run_id, metadata=metadata) is None:
             raise ResourceNotFoundError(f"no open session {session_id!r}; create a session first")
         caller.tinker.gate.open(run_id)
+        state.engine.place(user, run_id)  # its requests all go to one replica from this first one on
 
-    def work() -> bytes:
-        try:
-            reply_bytes = training.create_model(state.pool, run_id, config, metadata.get("seed"))
-            return reply_bytes if then is None else then()
-        except Exception:
-            state.pool.remove_run(run_id)
-            state.store.set_resident(user, run_id, False)
-            raise
+    def failed() -> None:
+        state.store.set_resident(user, run_id, False)
+        state.engine.unplace(run_id)
 
-    request_id = submit(caller, "create_model", work, queue_key=run_id, run_id=run_id, key="tinker-create")
+    task = FunctionTask(training.create_model, (run_id, config, metadata.get("seed"), then))
+    request_id = submit(
+        caller, "create_model", task, queue_key=run_id, run_id=run_id, key="tinker-create", on_failure=failed
+    )
     return future(request_id, model_id=run_id)
 
 
@@ -79,12 +78,11 @@ async def create_model(request: Request) -> JSONResponse:
 async def get_info(request: Request) -> JSONResponse:
     caller, body = tinker_caller(request), await parse(request, types.GetInfoRequest)
     run = resident_run(caller, body.model_id)
-    pool, base_model = caller.state.pool, run.metadata.get("base_model") or caller.state.config.model_id
+    engine, base_model = caller.state.engine, run.metadata.get("base_model") or caller.state.config.model_id
     rank = int((run.lora_config or {}).get("r", 0))
     return reply(
         {"model_id": run.id, "is_lora": True, "lora_rank": rank, "model_name": base_model, "type": "get_info",
-         "model_data": {"arch": pool.model.model.config.model_type, "model_name": base_model,
-                        "tokenizer_id": pool.model_path}}
+         "model_data": {"arch": engine.model_type, "model_name": base_model, "tokenizer_id": engine.model_path}}
     )  # fmt: skip
 
 
@@ -94,16 +92,16 @@ async def forward_backward(request: Request) -> JSONResponse:
     call = decode_forward_backward(await request.body(), request.headers.get("content-encoding"))
     resident_run(caller, call.model_id)
     try:
-        training.check_forward_backward(caller.state.pool, call)
+        training.check_forward_backward(caller.state.engine, call)
         tokens = sum(len(datum.tokens) for datum in call.data)
         caller.state.quotas.check_tokens(caller.user, tokens)
     except Exception:
         skip_turn(caller, call.model_id, call.seq_id)
         raise
-    work = lambda: training.forward_backward(caller.state.pool, call.model_id, call)  # noqa: E731
+    task = FunctionTask(training.forward_backward, (call.model_id, call))
     method = "forward" if call.forward_only else "forward_backward"
     request_id = submit(
-        caller, method, work, queue_key=call.model_id, run_id=call.model_id, seq_id=call.seq_id, tokens=tokens
+        caller, method, task, queue_key=call.model_id, run_id=call.model_id, seq_id=call.seq_id, tokens=tokens
     )
     return future(request_id, model_id=call.model_id)
 
@@ -117,8 +115,8 @@ async def optim_step(request: Request) -> JSONResponse:
     except Exception:
         skip_turn(caller, body.model_id, body.seq_id)
         raise
-    work = lambda: training.optim_step(caller.state.pool, body.model_id, params)  # noqa: E731
-    request_id = submit(caller, "optim_step", work, queue_key=body.model_id, run_id=body.model_id, seq_id=body.seq_id)
+    task = FunctionTask(training.optim_step, (body.model_id, params))
+    request_id = submit(caller, "optim_step", task, queue_key=body.model_id, run_id=body.model_id, seq_id=body.seq_id)
     return future(request_id, model_id=body.model_id)
 
 
@@ -139,8 +137,7 @@ async def save_weights_for_sampler(request: Request) -> JSONResponse:
     if body.sampling_session_seq_id is None:
         skip_turn(caller, run.id, body.seq_id)
         raise InvalidInputError("save_weights_for_sampler needs a path (a name) or a sampling_session_seq_id")
-    work = snapshot_work(caller, run, body.sampling_session_seq_id, body.kind)
-    request_id = submit(caller, "save_weights_for_sampler", work, queue_key=run.id, run_id=run.id, seq_id=body.seq_id)
+    request_id = submit_snapshot(caller, run, body.sampling_session_seq_id, body.kind, body.seq_id)
     return future(request_id, model_id=run.id)
 
 
@@ -151,8 +148,11 @@ def _save(caller: Caller, target: CheckpointPath, seq_id: int | None, overwrite:
         skip_turn(caller, target.run_id, seq_id)
         raise
     method = "save_weights" if target.kind == "training" else "save_weights_for_sampler"
-    work = lambda: checkpoints.save(caller, target)  # noqa: E731
-    request_id = submit(caller, method, work, queue_key=target.run_id, run_id=target.run_id, seq_id=seq_id)
+    finish = lambda path: checkpoints.record(caller, target, path)  # noqa: E731
+    task = checkpoints.save_task(caller, target)
+    request_id = submit(
+        caller, method, task, queue_key=target.run_id, run_id=target.run_id, seq_id=seq_id, finish=finish
+    )
     return future(request_id, model_id=target.run_id)
 
 
@@ -170,7 +170,7 @@ async def load_weights(request: Request) -> JSONResponse:
                     "user_metadata": body.user_metadata or {}, "lora_rank": config.get("r"),
                     "loaded_from": target.tinker_path}  # fmt: skip
         run_id = training_run_id(body.session_id, body.model_seq_id)
-        then = lambda: checkpoints.load(caller, run_id, directory, body.optimizer)  # noqa: E731
+        then = FunctionTask(checkpoints.load, (run_id, directory, body.optimizer))
         return _new_run(caller, body.session_id, body.model_seq_id, config, metadata, then)
     if body.model_id is None:
         raise InvalidInputError("load_weights needs model_id (and seq_id), or session_id and model_seq_id")
@@ -180,8 +180,8 @@ async def load_weights(request: Request) -> JSONResponse:
     except Exception:
         skip_turn(caller, run.id, body.seq_id)
         raise
-    work = lambda: checkpoints.load(caller, run.id, directory, body.optimizer)  # noqa: E731
-    request_id = submit(caller, "load_weights", work, queue_key=run.id, run_id=run.id, seq_id=body.seq_id)
+    task = FunctionTask(checkpoints.load, (run.id, directory, body.optimizer))
+    request_id = submit(caller, "load_weights", task, queue_key=run.id, run_id=run.id, seq_id=body.seq_id)
     return future(request_id, model_id=run.id)
 
 

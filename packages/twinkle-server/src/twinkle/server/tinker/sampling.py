@@ -70,6 +70,21 @@ def sample(
     return proto_result(encode_sample_response(sequences, prompt_logprobs, topk_prompt))
 
 
+def sample_checkpoint(
+    pool: ModelPool,
+    adapter: str,
+    directory: str,
+    reload: bool,
+    tokens: list[int],
+    params: SamplingParams,
+    last_n: int | None,
+) -> bytes:
+    """:func:`sample` a saved checkpoint's adapter, (re)loaded into this pool's sampler first if ``reload``."""
+    if reload:
+        pool.load_sampler_adapter(adapter, directory)
+    return sample(pool, adapter, tokens, params, last_n)
+
+
 def check_last_n(last_n: int | None, prompt_length: int) -> None:
     if last_n is not None and not 1 <= last_n <= prompt_length - 1:
         raise InvalidInputError(f"prompt_logprobs_last_n must be between 1 and len(prompt) - 1, got {last_n}")

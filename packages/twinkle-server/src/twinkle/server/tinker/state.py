@@ -41,7 +41,7 @@ class TinkerState:
         self._sessions: dict[str, SamplingSession] = {}
         self._snapshots: dict[str, OrderedDict[str, None]] = {}  # run id -> its snapshot adapters, oldest first
         self._inflight: dict[str, str] = {}  # run id -> the adapter its inflight sampling clients share
-        self._loaded: set[str] = set()  # checkpoint adapters already in the sampler
+        self._loaded: set[tuple[str, int]] = set()  # (checkpoint adapter, replica) already in that replica's sampler
         self._lock = threading.Lock()
 
     def add_session(self, session: SamplingSession) -> None:
@@ -86,14 +86,19 @@ class TinkerState:
             inflight = self._inflight.pop(run_id, None)
             return [*self._snapshots.pop(run_id, {}), *([inflight] if inflight else [])]
 
-    def mark_loaded(self, adapter: str) -> bool:
-        """Record that checkpoint adapter ``adapter`` is in the sampler; False if it already was."""
+    def is_loaded(self, adapter: str, replica: int = 0) -> bool:
         with self._lock:
-            if adapter in self._loaded:
+            return (adapter, replica) in self._loaded
+
+    def mark_loaded(self, adapter: str, replica: int = 0) -> bool:
+        """Record that checkpoint adapter ``adapter`` is in ``replica``'s sampler; False if it already was."""
+        with self._lock:
+            if (adapter, replica) in self._loaded:
                 return False
-            self._loaded.add(adapter)
+            self._loaded.add((adapter, replica))
             return True
 
     def forget_loaded(self, adapter: str) -> None:
+        """Its files changed or went: every replica must load it again."""
         with self._lock:
-            self._loaded.discard(adapter)
+            self._loaded = {entry for entry in self._loaded if entry[0] != adapter}

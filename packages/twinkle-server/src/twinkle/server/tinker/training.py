@@ -1,6 +1,6 @@
-"""The work behind Tinker's training calls, run on the scheduler's thread against the shared model pool.
+"""The work behind Tinker's training calls, run by the pool that holds the run (as ``FunctionTask`` s).
 
-Each function returns the reply as stored for ``retrieve_future``. Models are
+Each function taking the pool returns the reply as stored for ``retrieve_future``. Models are
 LoRA adapters on the shared base (``MultiLoraModel``), named by their Tinker
 model id; their optimizer is AdamW, whose hyper-parameters come with every
 ``optim_step``.
@@ -16,7 +16,8 @@ import torch
 
 from twinkle.errors import InvalidInputError
 from twinkle.model import TargetSequence
-from twinkle.model.targets import check_sequences, model_limits
+from twinkle.model.targets import check_sequences
+from twinkle.server.services.engine import Engine, Task
 from twinkle.server.services.pool import ModelPool
 from twinkle.server.tinker.codec import ForwardBackwardCall, encode_forward_backward_output
 from twinkle.server.tinker.losses import build_loss, targets_of
@@ -37,10 +38,17 @@ def lora_config(rank: int, train_attn: bool, train_mlp: bool) -> dict[str, Any]:
     return {"r": rank, "lora_alpha": LORA_ALPHA, "target_modules": targets}
 
 
-def create_model(pool: ModelPool, run_id: str, config: Mapping[str, Any], seed: int | None) -> bytes:
-    pool.add_run(run_id, config, seed=seed)
-    pool.model.set_optimizer("AdamW", adapter_name=run_id, **ADAM_DEFAULTS)
-    return json_result({"model_id": run_id, "type": "create_model"})
+def create_model(
+    pool: ModelPool, run_id: str, config: Mapping[str, Any], seed: int | None, then: Task | None = None
+) -> bytes:
+    """Add the run's adapter and optimizer; ``then`` (a load) runs right after and makes the reply."""
+    try:
+        pool.add_run(run_id, config, seed=seed)
+        pool.model.set_optimizer("AdamW", adapter_name=run_id, **ADAM_DEFAULTS)
+        return json_result({"model_id": run_id, "type": "create_model"}) if then is None else then.apply(pool)
+    except Exception:
+        pool.remove_run(run_id)
+        raise
 
 
 def sequences_of(call: ForwardBackwardCall) -> list[TargetSequence]:
@@ -50,12 +58,12 @@ def sequences_of(call: ForwardBackwardCall) -> list[TargetSequence]:
     ]
 
 
-def check_forward_backward(pool: ModelPool, call: ForwardBackwardCall) -> None:
+def check_forward_backward(engine: Engine, call: ForwardBackwardCall) -> None:
     """Everything about the request that can be checked before it queues (the caller gets a 400 now)."""
     if not call.data:
         raise InvalidInputError("forward_backward needs at least one datum")
     build_loss(call.loss_fn, call.loss_fn_config, call.data)
-    check_sequences(sequences_of(call), *model_limits(pool.model.model), label="data")
+    check_sequences(sequences_of(call), engine.vocab_size, engine.max_length, label="data")
 
 
 def forward_backward(pool: ModelPool, run_id: str, call: ForwardBackwardCall) -> bytes:
