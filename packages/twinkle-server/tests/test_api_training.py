@@ -138,7 +138,7 @@ def test_closing_a_session_frees_its_adapters_and_keeps_checkpoints(tmp_path):
     headers = keys["ann"]
     with client:
         run_id = _train_remotely(client, headers, "ann", [])
-        pool = client.app.state.server.pool
+        pool = client.app.state.server.engine.pool
         assert run_id in pool.model.adapter_names
         session = client.get(f"{API}/runs/{run_id}", headers=headers).json()
         sessions = client.app.state.server.store.list_runs("ann")[0].session_id
@@ -162,7 +162,7 @@ def test_a_session_without_heartbeats_expires_and_its_adapters_leave_the_pool(tm
             reply = client.post(f"{API}/runs", headers=headers, json={"session_id": session, "lora_config": {"r": 2}})
             assert reply.status_code == 200, reply.json()
             runs[session] = reply.json()["run_id"]
-        pool = client.app.state.server.pool
+        pool = client.app.state.server.engine.pool
         deadline = time.monotonic() + 8
         while runs[lapsed] in pool.model.adapter_names and time.monotonic() < deadline:
             assert client.post(f"{API}/sessions/{alive}/heartbeat", headers=headers).status_code == 200

@@ -11,6 +11,7 @@ run the sampler uses, keeping cookbooks written for in-process training unchange
 from __future__ import annotations
 
 from twinkle.errors import ConfigurationError
+from twinkle.utils import pick_adapter
 from twinkle_client.model import TransformersModel
 from twinkle_client.sampler import TorchSampler
 
@@ -19,14 +20,9 @@ class CheckpointEngineManager:
     """Points ``sampler`` at ``model``'s adapter (its only one unless ``adapter_name`` is given)."""
 
     def __init__(self, model: TransformersModel, sampler: TorchSampler, adapter_name: str | None = None) -> None:
-        names = model.adapter_names
-        if adapter_name is not None and adapter_name not in names:
-            raise ConfigurationError(f"the model has no adapter {adapter_name!r}; adapters: {names}")
-        if adapter_name is None and len(names) > 1:
-            raise ConfigurationError(f"the model has several adapters {names}: pass adapter_name=")
         self.model = model
         self.sampler = sampler
-        self.adapter_name = adapter_name if adapter_name is not None else (names[0] if names else None)
+        self.adapter_name = pick_adapter(model.adapter_names, adapter_name)
 
     def sync_weights(self, merge_and_sync: bool = False) -> None:
         """Let the sampler resolve the model's adapter names; after ``merge_and_sync=True`` a sample without

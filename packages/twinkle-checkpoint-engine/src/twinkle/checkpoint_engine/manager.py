@@ -24,7 +24,7 @@ from twinkle.checkpoint_engine.weights import lora_payload, merged_weights
 from twinkle.errors import ConfigurationError
 from twinkle.infra.ray.transfer import relay
 from twinkle.registry import register
-from twinkle.utils import get_logger
+from twinkle.utils import get_logger, pick_adapter
 
 logger = get_logger(__name__)
 
@@ -70,14 +70,9 @@ class CheckpointEngineManager:
     """
 
     def __init__(self, model: Any, sampler: WeightReceiver, adapter_name: str | None = None) -> None:
-        names = list(model.adapter_names)
-        if adapter_name is not None and adapter_name not in names:
-            raise ConfigurationError(f"the model has no adapter {adapter_name!r}; adapters: {names}")
-        if adapter_name is None and len(names) > 1:
-            raise ConfigurationError(f"the model has several adapters {names}: pass adapter_name=")
         self.model = model
         self.sampler = sampler
-        self.adapter_name = adapter_name if adapter_name is not None else (names[0] if names else None)
+        self.adapter_name = pick_adapter(model.adapter_names, adapter_name)
 
     def sync_weights(self, merge_and_sync: bool = False) -> None:
         """Push the trainer's current weights into the sampler (see the module docstring)."""

@@ -160,7 +160,3 @@ class LazyResult:
 
 def _resolved(value: Any) -> Any:
     return value.result() if isinstance(value, LazyResult) else value
-
-
-def is_actor_proxy(obj: Any) -> bool:
-    return isinstance(obj, ActorProxy)

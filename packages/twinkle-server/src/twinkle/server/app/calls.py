@@ -111,10 +111,12 @@ def checkpoint_reference(run_id: str, name: str) -> str:
     return f"{CHECKPOINT_SCHEME}{run_id}/{name}"
 
 
-def delete_checkpoint(state: ServerState, user: str, run_id: str, name: str) -> None:
-    checkpoint = state.store.get_checkpoint(user, run_id, name)
-    if checkpoint is None:
-        raise ResourceNotFoundError(f"run {run_id!r} has no checkpoint {name!r}")
+def delete_checkpoint(state: ServerState, user: str, run_id: str, name: str, shown: str | None = None) -> None:
+    """Forget checkpoint ``name`` of the run and remove its files; ``shown`` names it in the error (Tinker paths)."""
+    if state.store.get_checkpoint(user, run_id, name) is None:
+        raise ResourceNotFoundError(
+            f"no checkpoint {shown!r}" if shown else f"run {run_id!r} has no checkpoint {name!r}"
+        )
     path = checkpoint_directory(state, user, run_id, name)
     state.store.delete_checkpoint(user, run_id, name)
     shutil.rmtree(path, ignore_errors=True)
@@ -154,9 +156,14 @@ def resolve_checkpoint(state: ServerState, user: str, run_id: str, reference: An
     source_run, name = run_id, reference
     if reference.startswith(CHECKPOINT_SCHEME):
         source_run, _, name = reference.removeprefix(CHECKPOINT_SCHEME).partition("/")
-    checkpoint = state.store.get_checkpoint(user, source_run, name)
+    return checkpoint_path(state, user, source_run, name, shown=reference)
+
+
+def checkpoint_path(state: ServerState, user: str, run_id: str, name: str, shown: str) -> str:
+    """The saved folder of checkpoint ``name`` of the user's run; ``shown`` is how errors name it."""
+    checkpoint = state.store.get_checkpoint(user, run_id, name)
     if checkpoint is None:
-        raise ResourceNotFoundError(f"no checkpoint {reference!r}")
-    if not checkpoint_directory(state, user, source_run, name).is_dir():
-        raise ConfigurationError(f"checkpoint {reference!r} is recorded but its files are gone")
+        raise ResourceNotFoundError(f"no checkpoint {shown!r}")
+    if not checkpoint_directory(state, user, run_id, name).is_dir():
+        raise ConfigurationError(f"checkpoint {shown!r} is recorded but its files are gone")
     return checkpoint.path

@@ -29,7 +29,6 @@ class ServerState:
     config: ServerConfig
     store: Store
     engine: Engine  # where runs' calls execute: this process, or Ray replicas (``config.ray``)
-    pool: ModelPool | None  # the in-process engine's pool, to inspect (calls go through the engine); None under --ray
     futures: Futures
     data: DataHandles
     quotas: QuotaChecker
@@ -47,7 +46,6 @@ class ServerState:
         if failed:
             logger.warning("%d calls were in flight when the server stopped; they now report a failure", failed)
         telemetry = Telemetry()
-        pool, engine = None, None
         if config.ray:
             from twinkle.server.services.replicas import RayEngine  # imports Ray only when asked for
 
@@ -66,7 +64,7 @@ class ServerState:
             engine = LocalEngine(pool, scheduler)
         telemetry.bind_engine(engine)
         state = cls(
-            config, store, engine, pool, Futures(store), DataHandles(engine.model_path),
+            config, store, engine, Futures(store), DataHandles(engine.model_path),
             QuotaChecker(config), telemetry,
         )  # fmt: skip
         threading.Thread(target=state._reap_sessions, name="twinkle-session-reaper", daemon=True).start()

@@ -21,7 +21,7 @@ from peft import LoraConfig
 from twinkle.checkpoint_engine import CheckpointEngineManager
 from twinkle.data_format import SampleResponse, SamplingParams
 from twinkle.errors import InvalidInputError
-from twinkle.model import AdapterRequest, AdapterResult, MultiLoraModel, TrainingModel, TransformersModel
+from twinkle.model import AdapterRequest, AdapterResult, MultiLoraModel, TransformersModel
 from twinkle.module import adapter_names
 from twinkle.registry import build
 from twinkle.sampler import TorchSampler
@@ -108,10 +108,6 @@ class ModelPool:
         model = self._private.get(run_id, self.model)
         adapter = run_id if run_id in model.adapter_names else None
         return getattr(model, method)(adapter_name=adapter, **kwargs)
-
-    def model_of(self, run_id: str) -> TrainingModel:
-        """The model holding the run: its private one, or the shared multi-LoRA base."""
-        return self._private.get(run_id, self.model)
 
     def forward_backward_many(self, requests: Sequence[AdapterRequest]) -> list[AdapterResult]:
         return self.model.forward_backward_many(requests)

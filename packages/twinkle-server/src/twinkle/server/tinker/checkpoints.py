@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
-from twinkle.errors import ConfigurationError, InvalidInputError, ResourceNotFoundError
-from twinkle.server.app.calls import checkpoint_directory
+from twinkle.errors import InvalidInputError
+from twinkle.server.app.calls import checkpoint_directory, checkpoint_path, delete_checkpoint
 from twinkle.server.paths import safe_child
 from twinkle.server.services.engine import FunctionTask
 from twinkle.server.services.pool import ModelPool
@@ -45,13 +44,8 @@ def record(caller: Caller, target: CheckpointPath, path: str) -> bytes:
 def resolve(caller: Caller, path: object) -> tuple[CheckpointPath, Path]:
     """A checkpoint path of the caller's (any of their runs) and its folder; 404 for anything else."""
     target = parse_path(path)
-    checkpoint = caller.state.store.get_checkpoint(caller.user, target.run_id, target.store_name)
-    if checkpoint is None:
-        raise ResourceNotFoundError(f"no checkpoint {target.tinker_path!r}")
-    directory = checkpoint_directory(caller.state, caller.user, target.run_id, target.store_name)
-    if not directory.is_dir():
-        raise ConfigurationError(f"checkpoint {target.tinker_path!r} is recorded but its files are gone")
-    return target, Path(checkpoint.path)
+    saved = checkpoint_path(caller.state, caller.user, target.run_id, target.store_name, shown=target.tinker_path)
+    return target, Path(saved)
 
 
 def load(pool: ModelPool, run_id: str, directory: Path, with_optimizer: bool) -> bytes:
@@ -60,25 +54,13 @@ def load(pool: ModelPool, run_id: str, directory: Path, with_optimizer: bool) ->
 
 
 def delete(caller: Caller, target: CheckpointPath) -> None:
-    state = caller.state
-    if state.store.get_checkpoint(caller.user, target.run_id, target.store_name) is None:
-        raise ResourceNotFoundError(f"no checkpoint {target.tinker_path!r}")
-    directory = checkpoint_directory(state, caller.user, target.run_id, target.store_name)
-    state.store.delete_checkpoint(caller.user, target.run_id, target.store_name)
-    shutil.rmtree(directory, ignore_errors=True)
+    delete_checkpoint(caller.state, caller.user, target.run_id, target.store_name, shown=target.tinker_path)
     caller.tinker.forget_loaded(sampler_adapter_name(caller.user, target))
 
 
 def sampler_adapter_name(user: str, target: CheckpointPath) -> str:
     """The sampler adapter serving a saved checkpoint (users' run ids never collide: they embed the session)."""
     return f"ckpt:{user}:{target.run_id}/{target.store_name}"
-
-
-def lora_rank_of(caller: Caller, target: CheckpointPath) -> int:
-    run = caller.state.store.get_run(caller.user, target.run_id)
-    if run is None or run.lora_config is None:
-        raise InvalidInputError(f"{target.tinker_path!r} is not a LoRA checkpoint")
-    return int(run.lora_config.get("r", 8))
 
 
 def source_lora_config(caller: Caller, target: CheckpointPath) -> dict:
