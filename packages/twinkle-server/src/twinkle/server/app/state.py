@@ -47,12 +47,12 @@ class ServerState:
             logger.warning("%d calls were in flight when the server stopped; they now report a failure", failed)
         telemetry = Telemetry()
         if config.ray:
-            from twinkle.server.services.replicas import RayEngine  # imports Ray only when asked for
+            from twinkle.server.services.serve.engine import ServeEngine  # imports Ray only when asked for
 
             def on_lost(user: str, run_id: str) -> None:
                 store.set_resident(user, run_id, False)
 
-            engine = RayEngine(config, telemetry.observe_job, telemetry.observe_pass, on_lost)
+            engine = ServeEngine(config, telemetry.observe_job, telemetry.observe_pass, on_lost)
         else:
             pool = ModelPool(config.model_id, config.max_loras, config.max_rank)
             scheduler = Scheduler(

@@ -4,8 +4,8 @@ The HTTP front (routes, store, futures, auth) talks to an engine only, and
 describes every call on a run as data (:class:`PoolTask`: a ``ModelPool``
 method and its arguments; :class:`FunctionTask`: a module-level function of the
 pool, as the Tinker API's work is), because closures cannot reach another process.
-``twinkle.server.services.replicas.RayEngine`` runs the same tasks on Ray
-actors, each with its own pool (the base model and a share of the adapters).
+``twinkle.server.services.serve.engine.ServeEngine`` runs the same tasks on
+Ray Serve replicas, each with its own pool (the base model and a share of the adapters).
 """
 
 from __future__ import annotations

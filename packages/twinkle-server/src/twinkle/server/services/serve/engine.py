@@ -1,25 +1,29 @@
-"""``twinkle server --ray``: the engine as N Ray actors (replicas), each with the base model and a share of adapters.
+"""``twinkle server --ray``: the engine over a Ray Serve application of N model replicas.
 
-The HTTP front keeps one :class:`Scheduler` per replica, whose worker thread
-sends that replica one call (or one shared pass) at a time: a run's calls keep
-their order, tenants on one replica still share passes, and replicas run side
-by side. A run is assigned to the least-loaded live replica when it is loaded
-(created or resumed) and stays there until it is released. The assignment is
-kept in memory only: after a restart every run is non-resident anyway.
+Each replica (``replica.ModelReplica``) holds the base model and a share of the
+adapters. The HTTP front keeps one :class:`Scheduler` per replica, whose worker
+thread sends that replica one call (or one shared pass) at a time: a run's
+calls keep their order, tenants on one replica still share passes, and
+replicas run side by side. A run is placed on the least-loaded live replica
+when it is loaded (created or resumed) and every call of the run is addressed
+to that replica (``router.PinnedReplicaRouter``). Placement is kept in memory
+only: after a restart every run is non-resident anyway.
 
-When a replica's process dies, the calls of its runs fail with a
-``ServerError`` saying so, ``on_lost`` marks those runs non-resident, and a
-resume loads them on a live replica. Ray itself runs locally on 127.0.0.1
-(``twinkle.initialize(mode='ray')``) and is stopped with the server.
+When a replica dies, the calls of its runs fail with a ``ServerError`` saying
+so, ``on_lost`` marks those runs non-resident, and a resume loads them on a
+live replica. Serve starts a replacement replica, which joins with no runs.
+Ray runs locally on 127.0.0.1 (``twinkle.initialize(mode='ray')``), Serve
+without its HTTP proxy (the front is this process's server), and both stop
+with the server.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,52 +33,33 @@ from twinkle.errors import ServerError
 from twinkle.model import AdapterRequest, AdapterResult
 from twinkle.server.config import ServerConfig
 from twinkle.server.services.engine import Labels, OnDone, PoolTask, Task
-from twinkle.server.services.pool import ModelPool, Templates
+from twinkle.server.services.pool import Templates
 from twinkle.server.services.scheduler import Job, Scheduler
+from twinkle.server.services.serve import live
+from twinkle.server.services.serve.replica import ModelReplica
 from twinkle.utils import get_logger
 
 logger = get_logger(__name__)
+APP = "twinkle"
+ROUTER = "twinkle.server.services.serve.router:PinnedReplicaRouter"
+START_TIMEOUT_S = 300.0
 INFO_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
 
 
-class ReplicaWorker:
-    """A replica's process: its own :class:`ModelPool`. Pool calls take a lock; ``info`` answers while one runs."""
-
-    def __init__(self, model_id: str, max_loras: int, max_rank: int) -> None:
-        self.pool = ModelPool(model_id, max_loras, max_rank)
-        self._lock = threading.Lock()
-
-    def info(self) -> dict[str, Any]:
-        pool = self.pool
-        return {
-            "pid": os.getpid(), "max_length": pool.max_length, "vocab_size": pool.model.vocab_size,
-            "model_path": pool.model_path, "model_type": pool.model.model.config.model_type,
-            "adapters": sorted(pool.model.adapter_names),
-        }  # fmt: skip
-
-    def apply(self, task: Task) -> Any:
-        with self._lock:
-            return task.apply(self.pool)
-
-    def forward_backward_many(self, requests: Sequence[AdapterRequest]) -> list[AdapterResult]:
-        with self._lock:
-            return self.pool.forward_backward_many(requests)
-
-
 @dataclass
 class _Replica:
-    index: int
-    actor: Any
+    index: int  # in order of arrival: replacements get new numbers
+    replica_id: str  # Serve's
     pid: int
-    scheduler: Scheduler | None = None
+    scheduler: Scheduler | None = None  # set once the replica is admitted
     runs: dict[str, str] = field(default_factory=dict)  # run id -> user
     private: set[str] = field(default_factory=set)
     alive: bool = True
 
 
-class RayEngine:
-    """The :class:`~twinkle.server.services.engine.Engine` over ``config.replicas`` Ray actors."""
+class ServeEngine:
+    """The :class:`~twinkle.server.services.engine.Engine` over ``config.replicas`` Serve replicas."""
 
     def __init__(
         self,
@@ -83,7 +68,8 @@ class RayEngine:
         on_pass: Callable[[int], None],
         on_lost: Callable[[str, str], None],
     ) -> None:
-        import ray
+        from ray import serve
+        from ray.serve.config import RequestRouterConfig
 
         import twinkle.infra
 
@@ -93,23 +79,32 @@ class RayEngine:
             # ray.init's SIGTERM handler exits mid-request, skipping uvicorn's shutdown (and so Ray's): undo it.
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
-        # num_cpus=0: replicas share the machine's cores; max_concurrency=2 lets ``info`` answer during a call.
-        worker = ray.remote(num_cpus=0, max_concurrency=2)(ReplicaWorker)
-        actors = [worker.remote(config.model_id, config.max_loras, config.max_rank) for _ in range(config.replicas)]
-        infos = ray.get([actor.info.remote() for actor in actors])
-        self._ray, self._on_lost, self._lock = ray, on_lost, threading.Lock()
-        pairs = enumerate(zip(actors, infos, strict=True))
-        self._replicas = [_Replica(index, actor, info["pid"]) for index, (actor, info) in pairs]
-        for replica in self._replicas:
-            replica.scheduler = Scheduler(
-                lambda requests, r=replica: self._forward_backward_many(r, requests),
-                max_tokens_per_pass=config.max_tokens_per_pass, observe=observe, on_pass=on_pass,
-            )  # fmt: skip
+        self._on_lost, self._lock, self._replicas, self._known = on_lost, threading.Condition(), [], set()
+        self._scheduler_options = {
+            "max_tokens_per_pass": config.max_tokens_per_pass, "observe": observe, "on_pass": on_pass,
+        }  # fmt: skip
+        quiet = {"log_level": "WARNING", "enable_access_log": False}  # else Serve logs every call
+        serve.start(proxy_location="Disabled", logging_config=quiet)  # no Serve HTTP: this process is the front
+        deployment = serve.deployment(ModelReplica).options(
+            name="model",
+            num_replicas=config.replicas,
+            ray_actor_options={"num_cpus": 0},  # replicas share the machine's cores
+            max_ongoing_requests=4,  # one pool call at a time (the front's scheduler) plus ``info``
+            graceful_shutdown_timeout_s=STOP_TIMEOUT_S,
+            request_router_config=RequestRouterConfig(request_router_class=ROUTER, request_router_kwargs={"app": APP}),
+            logging_config=quiet,
+        )
+        self._handle = serve.run(
+            deployment.bind(config.model_id, config.max_loras, config.max_rank), name=APP, route_prefix=None
+        )
+        live.subscribe(APP, self._on_replicas)  # before the first call, which starts this process's router
+        with ThreadPoolExecutor(1) as thread:  # Serve refuses blocking calls on an event loop (the app's lifespan)
+            info = thread.submit(self._wait_for_replicas, config.replicas).result()
         self.max_rank, self.max_loras = config.max_rank, config.max_loras * config.replicas
-        self.max_length, self.vocab_size = infos[0]["max_length"], infos[0]["vocab_size"]
-        self.model_path, self.model_type = infos[0]["model_path"], infos[0]["model_type"]
+        self.max_length, self.vocab_size = info["max_length"], info["vocab_size"]
+        self.model_path, self.model_type = info["model_path"], info["model_type"]
         self._templates = Templates(self.model_path)
-        logger.info("%d replicas started (pids %s)", len(actors), [r.pid for r in self._replicas])
+        logger.info("%d replicas started (pids %s)", config.replicas, [r.pid for r in self._replicas])
 
     @property
     def resident_count(self) -> int:
@@ -186,31 +181,71 @@ class RayEngine:
     def replicas(self) -> list[dict[str, Any]]:
         """Each replica's pid, the runs assigned to it, and the adapters it holds (asked of the replica)."""
         listing = []
-        for r in self._replicas:
+        for r in list(self._replicas):
             adapters = None
             if r.alive:
                 try:
-                    adapters = self._ray.get(r.actor.info.remote(), timeout=INFO_TIMEOUT_S)["adapters"]
+                    info = self._handle.info.remote(r.replica_id).result(timeout_s=INFO_TIMEOUT_S)
+                    adapters = info["adapters"]
                 except Exception:  # a dying or busy replica: listed without its adapters
                     logger.warning("replica %d did not describe itself", r.index)
-            listing.append({"index": r.index, "pid": r.pid, "alive": r.alive, "runs": sorted(r.runs),
-                            "adapters": adapters})  # fmt: skip
+            listing.append({"index": r.index, "replica_id": r.replica_id, "pid": r.pid, "alive": r.alive,
+                            "runs": sorted(r.runs), "adapters": adapters})  # fmt: skip
         return listing
 
     def stop(self) -> None:
+        from ray import serve
+
         import twinkle.infra
 
+        live.subscribe(APP, None)
         for replica in self._replicas:
-            if replica.scheduler is not None:
-                replica.scheduler.stop()
-            self._ray.kill(replica.actor)
+            replica.scheduler.stop()
         started = psutil.Process().children(recursive=True)  # Ray's processes: GCS, raylet and their agents
-        twinkle.infra.shutdown()  # ends the local Ray this process started
+        try:
+            serve.shutdown()
+        finally:
+            twinkle.infra.shutdown()  # ends the local Ray this process started
         # The raylet's agents can outlive it (seen with Ray 2.60): end whatever this server started and is left.
         _, alive = psutil.wait_procs(started, timeout=STOP_TIMEOUT_S)
         for process in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
+
+    def _wait_for_replicas(self, count: int) -> dict[str, Any]:
+        """The first replica's ``info``, once ``count`` replicas are admitted."""
+        info = self._handle.info.remote(None).result(timeout_s=START_TIMEOUT_S)
+        with self._lock:
+            if not self._lock.wait_for(lambda: len(self._replicas) >= count, START_TIMEOUT_S):
+                raise ServerError(f"{count} model replicas did not start in {START_TIMEOUT_S:.0f} s")
+        return info
+
+    def _on_replicas(self, replica_ids: list[str]) -> None:
+        """The router's list of live replicas changed (on its thread, so no waiting here): admit new replicas
+        (at start, and the replacements Serve starts), give up on vanished ones."""
+        with self._lock:
+            new = [replica_id for replica_id in replica_ids if replica_id not in self._known]
+            self._known.update(new)
+            gone = [r for r in self._replicas if r.alive and r.replica_id not in replica_ids]
+        for replica_id in new:
+            threading.Thread(target=self._admit, args=(replica_id,), name="twinkle-replica-admit", daemon=True).start()
+        for replica in gone:
+            threading.Thread(target=self._lost, args=(replica,), name="twinkle-replica-lost", daemon=True).start()
+
+    def _admit(self, replica_id: str) -> None:
+        try:
+            info = self._handle.info.remote(replica_id).result(timeout_s=START_TIMEOUT_S)
+        except Exception as error:  # it died before answering: the router will drop it
+            logger.warning("replica %s did not answer: %s", replica_id, error)
+            return
+        with self._lock:
+            replica = _Replica(len(self._replicas), replica_id, info["pid"])
+            replica.scheduler = Scheduler(
+                lambda requests: self._forward_backward_many(replica, requests), **self._scheduler_options
+            )
+            self._replicas.append(replica)
+            self._lock.notify_all()
+        logger.info("replica %d (%s, pid %d) is serving", replica.index, replica_id, replica.pid)
 
     def _placed(self, run_id: str) -> _Replica | None:
         return next((r for r in self._replicas if run_id in r.runs), None)
@@ -225,21 +260,21 @@ class RayEngine:
         return replica
 
     def _apply(self, replica: _Replica, key: str, task: Task) -> Any:
-        return self._get(replica, replica.actor.apply.remote(task), [key])
+        return self._get(replica, self._handle.apply.remote(replica.replica_id, task), [key])
 
     def _forward_backward_many(self, replica: _Replica, requests: list[AdapterRequest]) -> list[AdapterResult]:
-        ref = replica.actor.forward_backward_many.remote(requests)
-        return self._get(replica, ref, [request.adapter_name for request in requests])
+        response = self._handle.forward_backward_many.remote(replica.replica_id, requests)
+        return self._get(replica, response, [request.adapter_name for request in requests])
 
-    def _get(self, replica: _Replica, ref: Any, keys: list[str]) -> Any:
+    def _get(self, replica: _Replica, response: Any, keys: list[str]) -> Any:
         """The call's result; the replica's exception as raised there; a clear error if the replica died."""
         from ray.exceptions import RayActorError, RayError, RayTaskError
 
         try:
-            return self._ray.get(ref)
+            return response.result()
         except RayTaskError as error:
             raise (error.cause if not isinstance(error.cause, RayError) else RuntimeError(str(error))) from None
-        except RayActorError as error:
+        except (RayActorError, live.ReplicaGoneError) as error:
             self._lost(replica)
             runs = ", ".join(repr(k) for k in keys)
             raise ServerError(
