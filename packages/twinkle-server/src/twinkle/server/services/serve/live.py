@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 Listener = Callable[[list[str]], None]
 
-_lock = threading.Condition()
+_lock = threading.Lock()
 _replicas: dict[str, list[str]] = {}  # application -> live replica ids
 _listeners: dict[str, Listener] = {}
 
@@ -32,17 +32,8 @@ def publish(app: str, replica_ids: list[str]) -> None:
             return
         _replicas[app] = replica_ids
         listener = _listeners.get(app)
-        _lock.notify_all()
     if listener is not None:
         listener(replica_ids)
-
-
-def wait_for(app: str, count: int, timeout: float) -> list[str]:
-    """``app``'s live replica ids once there are ``count`` of them."""
-    with _lock:
-        if not _lock.wait_for(lambda: len(_replicas.get(app, ())) >= count, timeout):
-            raise TimeoutError(f"{count} replicas of {app!r} did not come up in {timeout:.0f} s")
-        return list(_replicas[app])
 
 
 def subscribe(app: str, listener: Listener | None) -> None:
