@@ -3,7 +3,7 @@ import pytest
 import twinkle
 from twinkle import DeviceGroup
 from twinkle.errors import ConfigurationError
-from twinkle.infra import get_runtime, remote_class
+from twinkle.infra import get_runtime, process_group_kwargs, remote_class
 
 
 @remote_class
@@ -34,6 +34,14 @@ def test_torchrun_environment_is_detected(monkeypatch):
     assert (runtime.rank, runtime.world_size, runtime.is_torchrun) == (1, 2, True)
     assert not twinkle.is_master()
     assert runtime.groups["default"].ranks == [0, 1]
+
+
+def test_process_group_kwargs_are_torchruns_env_unless_a_file_store_is_given(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert process_group_kwargs() == {}  # torch's default, env://
+    monkeypatch.setenv("TWINKLE_DIST_INIT_METHOD", "file:///tmp/store")  # what Ray workers on one node get
+    assert process_group_kwargs() == {"init_method": "file:///tmp/store", "rank": 1, "world_size": 2}
 
 
 def test_unknown_mode_lists_installed_modes():

@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 import twinkle  # noqa: E402
 from twinkle import DeviceGroup, DeviceMesh  # noqa: E402
 from twinkle.errors import ConfigurationError, InvalidInputError  # noqa: E402
-from twinkle.infra import get_runtime, remote_class, shutdown  # noqa: E402
+from twinkle.infra import get_runtime, process_group_kwargs, remote_class, shutdown  # noqa: E402
 from twinkle.infra.ray import ActorProxy, LazyResult, relay  # noqa: E402
 from twinkle.infra.ray.dispatch import merge, split_arguments, worker_ranks  # noqa: E402
 from twinkle.infra.ray.placement import bundles_for  # noqa: E402
@@ -61,7 +61,7 @@ class Worker:
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            dist.init_process_group("gloo")
+            dist.init_process_group("gloo", **process_group_kwargs())
         total = torch.tensor([value * (dist.get_rank() + 1)])
         dist.all_reduce(total)
         return total.item()
@@ -123,9 +123,13 @@ def test_data_methods_are_split_over_workers_and_merged_in_order(pair):
     assert (output.loss, output.num_tokens) == (2.0, 2)  # worker 0's (a real model reports global figures)
 
 
-def test_workers_form_a_torchrun_like_group_for_torch_distributed(pair):
+def test_workers_form_a_torchrun_like_group_for_torch_distributed_listening_on_127_0_0_1_only(pair):
     pytest.importorskip("torch")
     assert pair.all_reduce(1.0) == 3.0  # 1 * (rank 0 + 1) + 1 * (rank 1 + 1)
+    # With the group up, every socket a Ray worker listens on (gloo's included; no TCP store) is on loopback.
+    out = subprocess.run(["ss", "-tnlpH"], capture_output=True, text=True, check=True).stdout
+    listening = [line.split()[3].rpartition(":")[0] for line in out.splitlines() if '(("ray::' in line]
+    assert listening and set(listening) <= {"127.0.0.1", "[::ffff:127.0.0.1]"}, listening  # IPv4, or IPv4-mapped
 
 
 def test_other_methods_run_on_every_worker_and_return_the_first_result(pair):

@@ -14,7 +14,7 @@ from typing import Literal
 from twinkle.errors import ConfigurationError
 from twinkle.infra.device_mesh import DeviceGroup, DeviceMesh
 from twinkle.infra.remote import remote_class
-from twinkle.infra.runtime import DEFAULT_GROUP, Runtime, torchrun_env
+from twinkle.infra.runtime import DEFAULT_GROUP, Runtime, process_group_kwargs, torchrun_env
 from twinkle.utils.logging import get_logger
 from twinkle.utils.seed import seed_everything
 
@@ -143,6 +143,7 @@ __all__ = [
     "get_runtime",
     "initialize",
     "is_master",
+    "process_group_kwargs",
     "remote_class",
     "shutdown",
 ]

@@ -80,6 +80,24 @@ class Runtime:
         return "\n".join(lines)
 
 
+# Set for the data-parallel workers of a component on a one-node Ray cluster (``twinkle.infra.ray.worker``).
+INIT_METHOD_ENV = "TWINKLE_DIST_INIT_METHOD"
+
+
+def process_group_kwargs() -> dict[str, Any]:
+    """Arguments for ``torch.distributed.init_process_group`` in this process.
+
+    Empty under torchrun (``env://``, its variables). Data-parallel Ray actors
+    on one node meet through a file store instead: torch's TCP store listens on
+    every interface whatever address it is given (pytorch/pytorch#173909).
+    """
+    init_method = os.environ.get(INIT_METHOD_ENV)
+    if not init_method:
+        return {}
+    rank, _, world_size = torchrun_env()
+    return {"init_method": init_method, "rank": rank, "world_size": world_size}
+
+
 def torchrun_env() -> tuple[int, int, int]:
     """``(rank, local_rank, world_size)`` from torchrun's variables, ``(0, 0, 1)`` otherwise."""
     try:

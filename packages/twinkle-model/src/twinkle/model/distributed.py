@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from twinkle.errors import InvalidInputError
-from twinkle.infra import get_runtime
+from twinkle.infra import get_runtime, process_group_kwargs
 
 
 def local_device(device: str | torch.device | None) -> torch.device:
@@ -30,12 +30,12 @@ def local_device(device: str | torch.device | None) -> torch.device:
 
 
 def init_process_group(device: torch.device) -> None:
-    """Join torchrun's process group (from ``MASTER_ADDR``/``RANK``/... in the environment) unless already joined."""
+    """Join the process group of torchrun (or of a component's Ray workers) unless already joined."""
     if dist.is_initialized():
         return
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", **process_group_kwargs())
 
 
 def all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]:

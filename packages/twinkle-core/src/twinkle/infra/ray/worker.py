@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
 from twinkle.infra.device_mesh import DeviceGroup, DeviceMesh
 from twinkle.infra.ray.proxy import END_OF_ITERATION
-from twinkle.infra.runtime import DEFAULT_GROUP, Runtime
+from twinkle.infra.runtime import DEFAULT_GROUP, INIT_METHOD_ENV, Runtime
 from twinkle.utils.seed import seed_everything
 
 
@@ -71,14 +73,20 @@ class ComponentWorker:
         self._iterator: Any = None
 
     def rendezvous(self) -> dict[str, str]:
-        """torchrun's variables for the component's workers, which meet at this worker's node on a free port."""
+        """How the component's workers meet for torch.distributed: torchrun's variables, at this worker's node on
+        a free port; on a one-node cluster also a file store (see :func:`twinkle.infra.process_group_kwargs`)."""
         import ray
 
         address = ray.util.get_node_ip_address()
         with socket.socket() as probe:
             probe.bind((address, 0))
             port = probe.getsockname()[1]
-        return {"MASTER_ADDR": address, "MASTER_PORT": str(port), "WORLD_SIZE": str(self._setup.world_size)}
+        env = {"MASTER_ADDR": address, "MASTER_PORT": str(port), "WORLD_SIZE": str(self._setup.world_size)}
+        if sum(node["Alive"] for node in ray.nodes()) == 1:
+            env[INIT_METHOD_ENV] = f"file://{tempfile.gettempdir()}/twinkle-dist-{uuid.uuid4().hex}"
+            if address == "127.0.0.1" and "lo" in {name for _, name in socket.if_nameindex()}:
+                env["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's own sockets, which else take the host name's address
+        return env
 
     def build(self, cls: type, payload: tuple[tuple[Any, ...], dict[str, Any]], env: dict[str, str]) -> None:
         """Construct the component (a method rather than ``__init__``, so its exceptions reach the driver as is).
