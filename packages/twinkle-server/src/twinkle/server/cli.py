@@ -51,7 +51,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", help="interface to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, help="port to listen on (default 8000; 0 picks a free one)")
     parser.add_argument(
-        "--ray", action="store_true", default=None, help="run the model in Ray replicas (a local Ray on 127.0.0.1)"
+        "--ray", action="store_true", default=None, help="the model as a Ray Serve deployment (local Ray, 127.0.0.1)"
     )
     parser.add_argument("--replicas", type=int, metavar="N", help="model replicas under --ray (default 1)")
     return parser

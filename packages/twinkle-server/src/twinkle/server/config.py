@@ -61,8 +61,8 @@ class ServerConfig:
     # Tinker SDK clients split a forward_backward into requests of at most this many datums.
     tinker_chunk_datums: int = 1024
     api_keys_file: Path | None = None
-    # ``twinkle server --ray``: the model runs in ``replicas`` Ray actors, each with the base model and a share
-    # of the adapters; off, it runs in the server process.
+    # ``twinkle server --ray``: the model is a Ray Serve deployment of ``replicas`` replicas, each with the base
+    # model and a share of the adapters; off, it runs in the server process.
     ray: bool = False
     replicas: int = 1
     users: dict[str, UserConfig] = field(default_factory=dict)

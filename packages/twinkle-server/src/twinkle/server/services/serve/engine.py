@@ -52,7 +52,7 @@ class _Replica:
     index: int  # in order of arrival: replacements get new numbers
     replica_id: str  # Serve's
     pid: int
-    scheduler: Scheduler | None = None  # set once the replica is admitted
+    scheduler: Scheduler
     runs: dict[str, str] = field(default_factory=dict)  # run id -> user
     private: set[str] = field(default_factory=set)
     alive: bool = True
@@ -68,9 +68,6 @@ class ServeEngine:
         on_pass: Callable[[int], None],
         on_lost: Callable[[str, str], None],
     ) -> None:
-        from ray import serve
-        from ray.serve.config import RequestRouterConfig
-
         import twinkle.infra
 
         handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -83,6 +80,22 @@ class ServeEngine:
         self._scheduler_options = {
             "max_tokens_per_pass": config.max_tokens_per_pass, "observe": observe, "on_pass": on_pass,
         }  # fmt: skip
+        try:
+            info = self._start_serve(config)
+        except BaseException:
+            self.stop()  # Ray's processes must not outlive a server that failed to start
+            raise
+        self.max_rank, self.max_loras = config.max_rank, config.max_loras * config.replicas
+        self.max_length, self.vocab_size = info["max_length"], info["vocab_size"]
+        self.model_path, self.model_type = info["model_path"], info["model_type"]
+        self._templates = Templates(self.model_path)
+        logger.info("%d replicas started (pids %s)", config.replicas, [r.pid for r in self._replicas])
+
+    def _start_serve(self, config: ServerConfig) -> dict[str, Any]:
+        """Deploy the replicas; the first one's ``info`` once ``config.replicas`` of them are admitted."""
+        from ray import serve
+        from ray.serve.config import RequestRouterConfig
+
         quiet = {"log_level": "WARNING", "enable_access_log": False}  # else Serve logs every call
         serve.start(proxy_location="Disabled", logging_config=quiet)  # no Serve HTTP: this process is the front
         deployment = serve.deployment(ModelReplica).options(
@@ -99,12 +112,7 @@ class ServeEngine:
         )
         live.subscribe(APP, self._on_replicas)  # before the first call, which starts this process's router
         with ThreadPoolExecutor(1) as thread:  # Serve refuses blocking calls on an event loop (the app's lifespan)
-            info = thread.submit(self._wait_for_replicas, config.replicas).result()
-        self.max_rank, self.max_loras = config.max_rank, config.max_loras * config.replicas
-        self.max_length, self.vocab_size = info["max_length"], info["vocab_size"]
-        self.model_path, self.model_type = info["model_path"], info["model_type"]
-        self._templates = Templates(self.model_path)
-        logger.info("%d replicas started (pids %s)", config.replicas, [r.pid for r in self._replicas])
+            return thread.submit(self._wait_for_replicas, config.replicas).result()
 
     @property
     def resident_count(self) -> int:
@@ -117,7 +125,7 @@ class ServeEngine:
         return any(run_id in r.private for r in self._replicas)
 
     def queue_depth(self) -> int:
-        return sum(r.scheduler.queue_depth() for r in self._replicas if r.scheduler is not None)
+        return sum(r.scheduler.queue_depth() for r in self._replicas)
 
     def submit(
         self,
@@ -239,10 +247,10 @@ class ServeEngine:
             logger.warning("replica %s did not answer: %s", replica_id, error)
             return
         with self._lock:
-            replica = _Replica(len(self._replicas), replica_id, info["pid"])
-            replica.scheduler = Scheduler(
+            scheduler = Scheduler(  # its calls go to ``replica``, bound on the next line
                 lambda requests: self._forward_backward_many(replica, requests), **self._scheduler_options
             )
+            replica = _Replica(len(self._replicas), replica_id, info["pid"], scheduler)
             self._replicas.append(replica)
             self._lock.notify_all()
         logger.info("replica %d (%s, pid %d) is serving", replica.index, replica_id, replica.pid)
