@@ -8,11 +8,6 @@ run's eval loss. The CPU runs use gloo; the CUDA (NCCL) variant needs two GPUs.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,50 +16,20 @@ import torch
 
 from twinkle.hub import resolve_dataset, resolve_model
 
+sys.path.insert(0, str(Path(__file__).parent))
+from torchrun_harness import CPU_ONLY, print_curves, run_cookbook
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COOKBOOK = REPO_ROOT / "cookbook" / "sft" / "self_cognition.py"
-KNOBS = {"EPOCHS": "1", "BATCH_SIZE": "8", "MAX_STEPS": "4", "MAX_NEW_TOKENS": "2", "MPLBACKEND": "Agg"}
-CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}  # two processes share the two cores
-TIMEOUT_S = 300
+KNOBS = {"EPOCHS": "1", "BATCH_SIZE": "8", "MAX_STEPS": "4", "MAX_NEW_TOKENS": "2"}
 TOLERANCE = 1e-4
 MESHES = {"ddp": {}, "fsdp": {"FSDP_SIZE": "2"}}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run_cookbook(output_dir: Path, extra_env: dict[str, str], nproc: int = 1) -> list[float]:
-    """Run the cookbook (under torchrun when ``nproc`` > 1) and return its loss curve; kill it all on failure."""
-    launcher = [sys.executable]
-    if nproc > 1:
-        launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
-        launcher += ["--master_addr=127.0.0.1", f"--master_port={_free_port()}"]
-    env = {**os.environ, **KNOBS, **extra_env, "OUTPUT_DIR": str(output_dir)}
-    # Its own session, so a hung run is killed with every worker torchrun started.
-    process = subprocess.Popen(
-        [*launcher, str(COOKBOOK)],
-        cwd=output_dir,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"the cookbook did not finish within {TIMEOUT_S} s:\n{output[-3000:]}")
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 0, output[-3000:]
+    losses, output = run_cookbook(COOKBOOK, output_dir, {**KNOBS, **extra_env}, nproc)
     assert output.count("loss: first step") == 1, output[-2000:]  # rank 0 alone reports
-    return json.loads((output_dir / "loss.json").read_text())
+    return losses
 
 
 def _eval_loss(checkpoint: Path, features: list) -> float:
@@ -99,9 +64,7 @@ def one_process(tmp_path_factory, eval_features) -> tuple[list[float], float]:
 
 def _check_against_one_process(output_dir: Path, losses: list[float], one_process, eval_features) -> None:
     reference, reference_eval = one_process
-    print("step  one process     torchrun        |diff|")
-    for step, (ours, theirs) in enumerate(zip(reference, losses, strict=True), 1):
-        print(f"{step:>4}  {ours:.8f}  {theirs:.8f}  {abs(ours - theirs):.1e}")
+    print_curves(reference, losses)
     assert len(losses) == int(KNOBS["MAX_STEPS"])
     assert losses == pytest.approx(reference, abs=TOLERANCE)
     checkpoint = output_dir / "last-checkpoint"
@@ -125,5 +88,5 @@ def test_torchrun_sft_matches_one_process(mesh, tmp_path, one_process, eval_feat
 @pytest.mark.parametrize("mesh", list(MESHES))
 def test_torchrun_sft_on_two_gpus_matches_one_process(mesh, tmp_path, one_process, eval_features):
     # float32 on CUDA: the CPU reference's curve up to kernel rounding.
-    losses = _run_cookbook(tmp_path, MESHES[mesh], nproc=2)
+    losses = _run_cookbook(tmp_path, {**MESHES[mesh], "MPLBACKEND": "Agg"}, nproc=2)
     _check_against_one_process(tmp_path, losses, one_process, eval_features)

@@ -1,20 +1,27 @@
 """DPO on the embedded preference set: LoRA on the embedded default model, on a CPU.
 
     python cookbook/rl/dpo.py
+    torchrun --nproc_per_node 2 cookbook/rl/dpo.py                  # data parallel (DDP)
+    FSDP_SIZE=2 torchrun --nproc_per_node 2 cookbook/rl/dpo.py      # FSDP2
 
 Each batch holds the chosen answers followed by the rejected ones (the layout
 ``DPOLoss`` expects). The reference model is the frozen base model, read once
 per batch with ``forward_only``. Preference accuracy on held-out pairs (the
 share of pairs whose chosen answer gets the higher implicit reward) is printed
-before and after training.
+before and after training. Under torchrun each rank trains on its slice of
+every batch's pairs and lays them out itself, so pairs are never split; the
+loss and metrics are the global batch's. MAX_STEPS stops early; the per-step
+losses are written to loss.json; EVAL_PAIRS scores fewer held-out pairs.
 """
 
+import json
 import os
 
 from peft import LoraConfig
 from tqdm import tqdm
 
 import twinkle
+from twinkle import DeviceMesh
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import Dataset, DatasetMeta
 from twinkle.metric import DPOMetric
@@ -27,6 +34,10 @@ BATCH_SIZE = int(os.environ.get("BATCH_SIZE", 8))  # pairs per step
 BETA = float(os.environ.get("BETA", 0.1))
 LEARNING_RATE = float(os.environ.get("LR", 2e-3))
 OUTPUT_DIR = os.environ.get("OUTPUT_DIR", "outputs/dpo")
+MAX_STEPS = int(os.environ.get("MAX_STEPS", 0))  # 0: every step of EPOCHS epochs
+EVAL_PAIRS = int(os.environ.get("EVAL_PAIRS", 0))  # held-out pairs to score; 0: all of them
+WORLD_SIZE = int(os.environ.get("WORLD_SIZE", 1))  # set by torchrun
+FSDP_SIZE = int(os.environ.get("FSDP_SIZE", 1))  # the rest of the processes replicate (dp_size)
 
 
 def create_dataset(split: str) -> Dataset:
@@ -47,17 +58,20 @@ def sequence_logps(model: TransformersModel, features: list) -> list[float]:
 
 
 def preference_accuracy(policy: TransformersModel, reference: TransformersModel, dataset: Dataset) -> float:
-    metric = DPOMetric()
-    for batch in DataLoader(dataset=dataset, batch_size=BATCH_SIZE):
-        pairs = as_pairs(batch)
+    """The share of held-out pairs ranked right; every rank scores all of them (under torchrun too)."""
+    metric, size = DPOMetric(), min(len(dataset), EVAL_PAIRS or len(dataset))
+    for start in range(0, size, BATCH_SIZE):
+        pairs = as_pairs([dataset[i] for i in range(start, min(start + BATCH_SIZE, size))])
         policy_logps, reference_logps = sequence_logps(policy, pairs), sequence_logps(reference, pairs)
         rewards = [BETA * (p - r) for p, r in zip(policy_logps, reference_logps, strict=True)]
-        metric.accumulate(chosen_rewards=rewards[: len(batch)], rejected_rewards=rewards[len(batch) :])
+        half = len(pairs) // 2
+        metric.accumulate(chosen_rewards=rewards[:half], rejected_rewards=rewards[half:])
     return metric.calculate()["dpo/accuracy"]
 
 
 def main() -> None:
-    twinkle.initialize(seed=42)
+    # The components (DataLoader, TransformersModel) default to this mesh; one process: a mesh of one rank.
+    twinkle.initialize(seed=42, global_device_mesh=DeviceMesh.from_sizes(world_size=WORLD_SIZE, fsdp_size=FSDP_SIZE))
     train, test = create_dataset("train"), create_dataset("test")
     reference = TransformersModel(model_id=MODEL_ID)  # frozen: only read with forward_only
     policy = TransformersModel(model_id=MODEL_ID)
@@ -65,21 +79,36 @@ def main() -> None:
     policy.set_loss("DPOLoss", beta=BETA)
     policy.set_optimizer("AdamW", lr=LEARNING_RATE)
     # Before training policy == reference, every implicit reward is 0 and ties count as wrong.
-    print(f"held-out preference accuracy before training: {preference_accuracy(policy, reference, test):.3f}")
+    report(f"held-out preference accuracy before training: {preference_accuracy(policy, reference, test):.3f}")
 
     dataloader = DataLoader(dataset=train, batch_size=BATCH_SIZE, shuffle=True, min_batch_size=BATCH_SIZE)
-    for _ in range(EPOCHS):
-        for batch in tqdm(dataloader, desc="dpo"):
-            pairs = as_pairs(batch)
-            policy.forward_backward(inputs=pairs, ref_logps=sequence_logps(reference, pairs))
-            policy.clip_grad_and_step()
+    steps = min(EPOCHS * len(dataloader), MAX_STEPS or EPOCHS * len(dataloader))
+    losses = []
+    with tqdm(total=steps, desc="dpo", disable=not twinkle.is_master()) as progress:
+        while len(losses) < steps:
+            for batch in dataloader:  # this rank's pairs of the batch
+                pairs = as_pairs(batch)
+                output = policy.forward_backward(inputs=pairs, ref_logps=sequence_logps(reference, pairs))
+                policy.clip_grad_and_step()
+                losses.append(output.loss)  # the global batch's
+                progress.update()
+                if len(losses) == steps:
+                    break
     metrics = policy.calculate_metric()
     accuracy = preference_accuracy(policy, reference, test)
-    checkpoint = policy.save("dpo-checkpoint", output_dir=OUTPUT_DIR)
-    print(
+    checkpoint = policy.save("dpo-checkpoint", output_dir=OUTPUT_DIR)  # every rank takes part; rank 0 writes
+    if twinkle.is_master():
+        with open(os.path.join(OUTPUT_DIR, "loss.json"), "w") as handle:
+            json.dump(losses, handle)
+    report(
         f"training preference accuracy {metrics['loss/accuracy']:.3f}, margin {metrics['loss/margin']:.3f}; "
         f"held-out preference accuracy after training: {accuracy:.3f}; adapter saved to {checkpoint}"
     )
+
+
+def report(line: str) -> None:
+    if twinkle.is_master():
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

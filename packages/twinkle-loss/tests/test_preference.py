@@ -101,10 +101,13 @@ def test_the_whole_batch_normalizer_is_the_number_of_pairs(pair_data):
     )
 
 
-def test_a_micro_batch_is_refused_because_it_would_mispair(pair_data):
-    inputs, outputs = pair_data.batch("right", [0, 1, 3, 4])
-    with pytest.raises(InvalidInputError, match=r"called on 2 of the batch's 3 pairs: .* micro_batch_size=None"):
-        SimPOLoss()(inputs, outputs, normalizer=3.0)
+def test_a_global_normalizer_gives_this_calls_share_of_the_global_mean(pair_data):
+    """Under data parallelism a rank holds whole pairs and divides by the global batch's number of pairs."""
+    inputs, outputs = pair_data.batch("right")
+    assert SimPOLoss.pairwise and DPOLoss.pairwise  # models keep their calls whole (no micro-batches)
+    torch.testing.assert_close(SimPOLoss()(inputs, outputs, normalizer=6.0).loss, SimPOLoss()(inputs, outputs).loss / 2)
+    with pytest.raises(InvalidInputError, match=r"normalizer=2 for a call with 3 pairs: .* whole \(global\) batch"):
+        SimPOLoss()(inputs, outputs, normalizer=2.0)
 
 
 @pytest.mark.parametrize("layout_name", ["right", "packed"])

@@ -290,3 +290,12 @@ def test_failed_call_does_not_turn_a_fresh_model_into_full_parameter_training(sh
     configured.set_loss("CrossEntropyLoss", reduction="token_sum")  # a choice adapters would silently drop
     with pytest.raises(ConfigurationError, match="set up for full-parameter training"):
         configured.add_adapter_to_model("default", _lora())
+
+
+def test_a_pairwise_loss_call_is_never_cut_into_micro_batches(new_lora_model, short_features):
+    """Two pairs (chosen 0 1, rejected 2 3): micro-batches of 2 would pair chosen 0 with chosen 1."""
+    model = new_lora_model()
+    model.set_loss("DPOLoss")
+    with _unchanged(model), pytest.raises(InvalidInputError, match=r"DPOLoss pairs .* micro_batch_size=None"):
+        model.forward_backward(inputs=short_features, ref_logps=[0.0] * 4, micro_batch_size=2)
+    assert model.forward_backward(inputs=short_features, ref_logps=[0.0] * 4, micro_batch_size=4).loss > 0

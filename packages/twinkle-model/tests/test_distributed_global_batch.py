@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,7 +20,8 @@ from twinkle.data_format import IGNORE_INDEX, ModelOutput
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.infra import DeviceMesh
 from twinkle.interfaces import Loss
-from twinkle.loss import CrossEntropyLoss
+from twinkle.loss import CrossEntropyLoss, DPOLoss
+from twinkle.model import global_batch
 from twinkle.model.data_parallel import Parallelism, parallelism_for
 from twinkle.model.global_batch import Denominator, global_denominator, record_call
 from twinkle.model.multi_lora_model import MultiLoraModel
@@ -79,8 +81,10 @@ def _denominator(rank: Parallelism, share: list, loss: Loss, micro_batch_size: i
 def test_every_rank_gets_the_whole_batch_normaliser(reduction):
     loss = CrossEntropyLoss(reduction=reduction)
     features = _features(LENGTHS)
-    expected = Denominator(loss.normalizer(COLLATE(features)), len(features))
-    assert _on_ranks(lambda rank, share: _denominator(rank, share, loss), _shares(features)) == [expected] * 2
+    shares = _shares(features)
+    expected = [Denominator(loss.normalizer(COLLATE(features)), len(features), loss.normalizer(COLLATE(share)))
+                for share in shares]  # fmt: skip
+    assert _on_ranks(lambda rank, share: _denominator(rank, share, loss), shares) == expected
 
 
 def _logps(features: list[dict[str, Any]]) -> torch.Tensor:
@@ -107,6 +111,36 @@ def test_rank_losses_add_up_to_the_whole_batch_loss(reduction):
     assert sum(_on_ranks(share_loss, _shares(features))) == pytest.approx(expected, rel=1e-6)
 
 
+def _as_pairs(pairs: list[tuple[dict, dict]]) -> list[dict]:
+    """The preference layout: the chosen sequences, then their rejected ones in the same order."""
+    return [chosen for chosen, _ in pairs] + [rejected for _, rejected in pairs]
+
+
+def test_dpo_ranks_laying_out_their_own_pairs_add_up_to_the_whole_batch_loss():
+    """Under torchrun the DataLoader gives each rank whole pair rows; each rank's loss is its share of the mean."""
+    loss, features = DPOLoss(beta=0.5), _features(LENGTHS[:6] * 2)
+    pairs = list(zip(features[:6], features[6:], strict=True))
+    ref = {id(f): float(i) / 10 for i, f in enumerate(features)}  # a made-up reference log-prob per sequence
+
+    def pair_loss(rank: Parallelism, share: list) -> float:
+        layout = _as_pairs(share)
+        normalizer = _denominator(rank, layout, loss).normalizer
+        output = ModelOutput(logps=_logps(layout))
+        return float(loss(COLLATE(layout), output, normalizer=normalizer, ref_logps=[ref[id(f)] for f in layout]).loss)
+
+    whole = _as_pairs(pairs)
+    expected = loss(COLLATE(whole), ModelOutput(logps=_logps(whole)), ref_logps=[ref[id(f)] for f in whole]).loss
+    assert sum(_on_ranks(pair_loss, _shares(pairs))) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_dpo_over_data_parallel_ray_workers_is_refused(monkeypatch):
+    """The driver splits a Ray call's 2N sequences contiguously: worker 0 would get only chosen ones."""
+    monkeypatch.setattr(global_batch, "get_runtime", lambda: SimpleNamespace(mode="ray_worker"))
+    layout = _as_pairs(list(zip(_features(LENGTHS[:2]), _features(LENGTHS[2:4]), strict=True)))
+    with pytest.raises(ConfigurationError, match=r"DPOLoss over data-parallel Ray workers: .* or use torchrun"):
+        _on_ranks(lambda rank, share: _denominator(rank, share, DPOLoss()), [layout, layout])
+
+
 class _MeanPerSample(Loss):
     """A loss that averages over its own samples (no normaliser)."""
 
@@ -123,7 +157,7 @@ def test_losses_without_a_normaliser_weigh_parts_by_their_share_of_the_samples()
     denominators = _on_ranks(
         lambda rank, share: _denominator(rank, share, _MeanPerSample()), _shares(_features(LENGTHS))
     )
-    assert denominators == [Denominator(None, 7)] * 2
+    assert denominators == [Denominator(None, 7, 4), Denominator(None, 7, 3)]
     assert [d.weight(n) for d, n in zip(denominators, (4, 3), strict=True)] == [4 / 7, 3 / 7]
 
 
@@ -167,6 +201,18 @@ def test_recorded_figures_are_the_global_batch_s():
     assert returned == (2.0, 4, {"clip": pytest.approx((0.2 * 3 + 0.6 * 1) / 4)})
     assert figures["loss"] == 2.0 and figures["num_supervised_tokens"] == 4 and figures["num_tokens"] == 8
     assert figures["accuracy"] == 0.5 and figures["tokens_per_second"] == 16
+
+
+def test_loss_metrics_are_averaged_with_the_ranks_shares_of_the_normaliser():
+    """A preference loss's accuracy over ranks holding 3 and 1 pairs is the global share of pairs ranked right."""
+
+    def record(rank: Parallelism, share: tuple) -> dict:
+        pairs, accuracy = share
+        batch = {"seq_lens": torch.tensor([4])}
+        result = _result([True] * 7, [True] * 7)  # many tokens per pair: token weights would be wrong here
+        return record_call(rank, TrainingMetric(), batch, result, 0.1, 0.5, {"accuracy": accuracy}, pairs)[2]
+
+    assert _on_ranks(record, [(3, 2 / 3), (1, 0.0)]) == [{"accuracy": pytest.approx(0.5)}] * 2
 
 
 def test_one_process_records_its_own_figures_unchanged():

@@ -21,6 +21,7 @@ from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft
 from transformers import AutoModelForCausalLM
 
 from twinkle.data_format import IGNORE_INDEX, make_input_feature
+from twinkle.errors import InvalidInputError
 from twinkle.hub import resolve_model
 from twinkle.model import AdapterRequest, MultiLoraModel
 
@@ -399,3 +400,17 @@ def test_micro_batch_size_gives_the_same_gradients():
     for spec in specs:
         for key, grad in grads[None][spec.name].items():
             torch.testing.assert_close(grads[2][spec.name][key], grad, **TOL)
+
+
+def test_a_pairwise_request_is_refused_micro_batches_alone():
+    """A DPO request in a micro-batched pass gets an error naming the cause; the others train untouched."""
+    model, specs, _ = _setup()
+    requests = [AdapterRequest(spec.name, spec.batches[0], loss_inputs=spec.loss_inputs[0]) for spec in specs]
+    results = model.forward_backward_many(requests, micro_batch_size=2)
+    for spec, result in zip(specs, results, strict=True):
+        if spec.loss == "dpo":
+            assert isinstance(result.error, InvalidInputError), result.error
+            assert "micro_batch_size=None" in str(result.error)
+            assert all(t.grad is None for t in _twinkle_params(model, spec.name).values())
+        else:
+            assert result.ok, result.error

@@ -20,9 +20,16 @@ class Loss(ABC):
     ``required_inputs`` names the loss inputs it cannot do without; a forward
     that only wants log-probabilities (``forward_only``) skips the loss when
     they are not given instead of failing.
+
+    ``pairwise`` marks a loss over ``2N`` sequences whose pair ``i`` is
+    sequences ``i`` and ``i + N`` (preference losses). A model never cuts such
+    a call into micro-batches, whose contiguous slices would separate pairs;
+    under data parallelism each rank must hold whole pairs, as it does when
+    the DataLoader slices a batch of pair rows and each rank lays out its own.
     """
 
     required_inputs: tuple[str, ...] = ()
+    pairwise: bool = False
 
     @abstractmethod
     def __call__(self, inputs: Mapping[str, Any], outputs: ModelOutput, **loss_inputs: Any) -> LossOutput:

@@ -6,11 +6,13 @@ their ``N`` rejected alternatives in the same order, so sequences ``i`` and
 in ``seq_lens`` order): one forward over both halves.
 
 A micro-batch is a contiguous slice of the samples, so it would pair the wrong
-sequences. Each call must therefore see its whole batch
-(``forward_backward(..., micro_batch_size=None)``; accumulate gradients over
-several calls for large batches). :meth:`PreferenceLoss.normalizer` returns the
-whole batch's number of pairs, so a call on a part of it raises instead of
-training on mismatched pairs, and the loss is the mean over pairs.
+sequences: the losses are ``pairwise`` (:class:`twinkle.interfaces.Loss`), and
+a model refuses ``micro_batch_size`` for them (accumulate gradients over
+several calls for large batches). :meth:`PreferenceLoss.normalizer` is the
+batch's number of pairs and the loss is the sum over pairs divided by it: the
+mean over pairs, and under data parallelism, where every rank lays out its
+own whole pairs and the normaliser is the global batch's, each rank's share of
+the global mean.
 
 A sequence's log-probability ``lp(y)`` is the (weighted) sum of its trained
 tokens' ``logps``; ``|y|`` is their (weighted) count. Every preference loss
@@ -44,9 +46,10 @@ class PreferenceLoss(Loss):
     """Base of the pairwise losses: ``mean over pairs of pair_losses(...)`` on the layout of the module docstring."""
 
     input_names: tuple[str, ...] = ()
+    pairwise = True
 
     def normalizer(self, inputs: Mapping[str, Any]) -> float:
-        """The whole batch's number of pairs (a call given another number is a micro-batch: an error)."""
+        """The batch's number of pairs."""
         return float(_num_pairs(per_sequence_sums(token_weights(inputs), inputs).numel(), type(self).__name__))
 
     @abstractmethod
@@ -65,10 +68,10 @@ class PreferenceLoss(Loss):
         logps_BT, weights_BT = model_logps(inputs, outputs, name)
         lengths_S = per_sequence_sums(weights_BT, inputs)
         pairs = _num_pairs(lengths_S.numel(), name)
-        if normalizer is not None and normalizer != pairs:
+        if normalizer is not None and normalizer < pairs:
             raise InvalidInputError(
-                f"{name} was called on {pairs} of the batch's {normalizer:g} pairs: a micro-batch would pair the "
-                "wrong chosen and rejected sequences; call forward_backward with micro_batch_size=None"
+                f"{name} got normalizer={normalizer:g} for a call with {pairs} pairs: it must be the number of "
+                "pairs of the whole (global) batch"
             )
         empty = (lengths_S <= 0).nonzero()
         if empty.numel():
@@ -82,7 +85,8 @@ class PreferenceLoss(Loss):
             "accuracy": float((chosen_P > rejected_P).double().mean()),
             "margin": float((chosen_P - rejected_P).mean()),
         }
-        return LossOutput(loss=losses_P.sum() / pairs, num_tokens=int((weights_BT > 0).sum()), metrics=metrics)
+        denominator = pairs if normalizer is None else normalizer  # the global batch's pairs, under data parallelism
+        return LossOutput(loss=losses_P.sum() / denominator, num_tokens=int((weights_BT > 0).sum()), metrics=metrics)
 
 
 @register("loss", name="dpo")

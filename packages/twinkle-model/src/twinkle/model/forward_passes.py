@@ -23,8 +23,8 @@ import torch
 from twinkle.data_format import InputFeature, LossOutput, ModelOutput
 from twinkle.errors import InvalidInputError
 from twinkle.model.batching import GradGuard
-from twinkle.model.global_batch import global_denominator, record_call
-from twinkle.model.microbatch import check_loss_inputs, check_micro_batch_size, micro_batches
+from twinkle.model.global_batch import Denominator, global_denominator, record_call
+from twinkle.model.microbatch import check_loss_inputs, check_micro_batch_size, check_pairs_stay_whole, micro_batches
 from twinkle.model.token_logps import TokenLogpsResult, causal_token_logps, merge_token_counts
 from twinkle.model.train_state import TrainState
 from twinkle.model.training_metric import token_weighted_mean
@@ -61,7 +61,7 @@ def calculate_loss(owner: TrainingModel, state: TrainState, loss_inputs: Mapping
         raise InvalidInputError("calculate_loss needs a preceding forward(...) call")
     with owner.parallel.all_or_none():
         check_loss_inputs(loss_inputs, len(pending.features))
-    pending.loss_output = _loss(owner, state, pending.features, pending.batch, pending.output, loss_inputs)
+    pending.loss_output, _ = _loss(owner, state, pending.features, pending.batch, pending.output, loss_inputs)
     return pending.loss_output
 
 
@@ -114,6 +114,7 @@ def forward_backward(
         total_loss,
         elapsed,
         token_weighted_mean(loss_metrics),
+        denominator.share,
     )
     return ModelOutput(loss=loss, logps=logps, num_tokens=supervised, metrics=metrics)
 
@@ -123,7 +124,7 @@ def forward_only(
 ) -> ModelOutput:
     features, batch = _prepare(owner, state, inputs)
     start = time.perf_counter()
-    loss = None
+    loss, metrics_weight = None, None
     owner.model.eval()
     try:
         with torch.no_grad():
@@ -132,13 +133,14 @@ def forward_only(
             required = getattr(state.loss, "required_inputs", ())
             labelled = owner.parallel.sum([float(result.supervised_BT.any())])[0] > 0
             if labelled and all(name in loss_inputs for name in required):
-                loss_output = _loss(owner, state, features, batch, output, loss_inputs)
+                loss_output, denominator = _loss(owner, state, features, batch, output, loss_inputs)
                 loss, output.metrics = float(loss_output.loss), dict(loss_output.metrics)
+                metrics_weight = denominator.share
     finally:
         owner.model.train()
     seconds = time.perf_counter() - start
     output.loss, output.num_tokens, output.metrics = record_call(
-        owner.parallel, state.eval_metric, batch, result, loss, seconds, output.metrics
+        owner.parallel, state.eval_metric, batch, result, loss, seconds, output.metrics, metrics_weight
     )
     output.logps = [t.cpu() for t in unpack(result.logps_BT, batch)]
     if return_logits:
@@ -180,6 +182,7 @@ def _prepare(
         features = owner._batches.features(state, inputs)
         if loss_inputs is not None:
             check_loss_inputs(loss_inputs, len(features))
+            check_pairs_stay_whole(state.loss, len(features), micro_batch_size)
         return features, owner._batches.collate(state, features)
 
 
@@ -194,13 +197,14 @@ def _loss(
     batch: dict[str, torch.Tensor],
     output: ModelOutput,
     loss_inputs: Mapping[str, Any],
-) -> LossOutput:
+) -> tuple[LossOutput, Denominator]:
     """This rank's share of the loss of one whole (not micro-) batch, normalised over the global batch."""
     denominator = global_denominator(owner.parallel, state.loss, features, batch, _collate(owner, state))
     with owner.parallel.all_or_none():
-        return owner._compute_loss(
+        loss_output = owner._compute_loss(
             state, batch, output, denominator.normalizer, loss_inputs, denominator.weight(len(features))
         )
+    return loss_output, denominator
 
 
 def _run(

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from twinkle.errors import ConfigurationError, InvalidInputError
+from twinkle.infra import get_runtime
 from twinkle.interfaces import Loss
 from twinkle.model.data_parallel import Parallelism
 from twinkle.model.token_logps import TokenLogpsResult
@@ -39,10 +40,15 @@ Collate = Callable[[list[Any]], Mapping[str, torch.Tensor]]
 
 @dataclass(frozen=True)
 class Denominator:
-    """The global batch's loss ``normalizer`` (``None``: the loss averages over its own samples) and sample count."""
+    """The global batch's loss ``normalizer`` (``None``: the loss averages over its own samples) and sample count.
+
+    ``share`` is this rank's own part of it (its normaliser, else its samples): the weight of its loss metrics
+    in their average over ranks, so that, e.g., a preference loss's accuracy is the global share of pairs.
+    """
 
     normalizer: float | None
     samples: int
+    share: float
 
     def weight(self, part_samples: int) -> float | None:
         """The factor for a part's loss when there is no normaliser: its share of the global batch's samples."""
@@ -63,7 +69,13 @@ def global_denominator(
     of micro-batches (each is a forward with collectives); that is checked here too.
     """
     if parallel.data_world_size == 1:
-        return Denominator(loss.normalizer(batch), len(features))
+        normalizer = loss.normalizer(batch)
+        return Denominator(normalizer, len(features), len(features) if normalizer is None else normalizer)
+    if getattr(loss, "pairwise", False) and get_runtime().mode == "ray_worker":
+        raise ConfigurationError(
+            f"{type(loss).__name__} over data-parallel Ray workers: the driver splits a call's 2N sequences "
+            "contiguously, which would separate pairs; give the model one worker (dp_size=1) or use torchrun"
+        )
     with parallel.all_or_none():
         normalizer = loss.normalizer(batch)
         additive = normalizer is None or _adds_up(loss, normalizer, features, collate)
@@ -79,11 +91,11 @@ def global_denominator(
             "different numbers of micro-batches; use a global batch size divisible by the ranks x micro_batch_size"
         )
     if normalizer is None:
-        return Denominator(None, int(samples))
+        return Denominator(None, int(samples), len(features))
     if additive_ranks == ranks:
-        return Denominator(total, int(samples))
+        return Denominator(total, int(samples), normalizer)
     if additive_ranks == 0:  # a constant: every rank has the same one
-        return Denominator(total / ranks, int(samples))
+        return Denominator(total / ranks, int(samples), normalizer)
     raise ConfigurationError(f"{type(loss).__name__}'s normaliser adds up on some ranks and not on others")
 
 
@@ -107,13 +119,15 @@ def record_call(
     loss: float | None,
     seconds: float,
     loss_metrics: Mapping[str, float] | None = None,
+    metrics_weight: float | None = None,
 ) -> tuple[float | None, int, dict[str, float]]:
     """Add one call's figures, summed over the data-parallel ranks, to ``metric``.
 
     Returns the global batch's ``(loss, supervised tokens, loss metrics)``.
 
     ``loss`` is this rank's share of the global loss (``None`` when none was computed, on every rank).
-    A loss's own metrics are averaged over ranks weighted by their supervised tokens.
+    A loss's own metrics are averaged over ranks weighted by ``metrics_weight`` (``Denominator.share``),
+    by default their supervised tokens.
     """
     counts = {
         "correct_tokens": int(result.correct_BT.sum()),
@@ -122,12 +136,14 @@ def record_call(
     }
     metrics = dict(loss_metrics or {})
     if parallel.data_world_size > 1:
-        names, weight = sorted(metrics), counts["supervised_tokens"]
-        totals = parallel.sum([loss or 0.0, *counts.values(), *(metrics[name] * weight for name in names)])
+        names = sorted(metrics)
+        weight = counts["supervised_tokens"] if metrics_weight is None else metrics_weight
+        weighted = [metrics[name] * weight for name in names]
+        totals = parallel.sum([loss or 0.0, *counts.values(), weight, *weighted])
         loss = None if loss is None else totals[0]
         counts = {key: int(value) for key, value in zip(counts, totals[1:4], strict=True)}
-        supervised = counts["supervised_tokens"]
-        metrics = {name: total / supervised for name, total in zip(names, totals[4:], strict=True) if supervised}
+        weights = totals[4]
+        metrics = {name: total / weights for name, total in zip(names, totals[5:], strict=True) if weights}
     values: dict[str, Any] = {**counts, "seconds": seconds, "loss_metrics": metrics}
     if loss is not None:
         values["loss"] = loss

@@ -46,6 +46,16 @@ def check_micro_batch_size(micro_batch_size: int | None) -> None:
         raise InvalidInputError(f"micro_batch_size must be a positive int, got {micro_batch_size!r}")
 
 
+def check_pairs_stay_whole(loss: Loss | None, batch_size: int, micro_batch_size: int | None) -> None:
+    """A ``pairwise`` loss's call is never cut into micro-batches: their contiguous slices would separate pairs."""
+    if getattr(loss, "pairwise", False) and micro_batch_size is not None and micro_batch_size < batch_size:
+        raise InvalidInputError(
+            f"{type(loss).__name__} pairs sequence i with sequence i + N of its 2N, which micro-batches of "
+            f"{micro_batch_size} would separate; call forward_backward with micro_batch_size=None (accumulate "
+            "gradients over several calls for large batches)"
+        )
+
+
 def micro_batches(
     features: Sequence[Any], loss_inputs: Mapping[str, Any], micro_batch_size: int | None
 ) -> Iterator[tuple[Sequence[Any], dict[str, Any]]]:

@@ -25,7 +25,12 @@ import torch
 from twinkle.data_format import InputFeature, ModelOutput
 from twinkle.errors import InvalidInputError
 from twinkle.model.batching import GradGuard
-from twinkle.model.microbatch import check_loss_inputs, check_micro_batch_size, slice_loss_inputs
+from twinkle.model.microbatch import (
+    check_loss_inputs,
+    check_micro_batch_size,
+    check_pairs_stay_whole,
+    slice_loss_inputs,
+)
 from twinkle.model.token_logps import TokenLogpsResult, causal_token_logps, merge_token_counts
 from twinkle.model.train_state import TrainState
 from twinkle.model.training_metric import token_weighted_mean
@@ -83,7 +88,7 @@ def forward_backward_many(
         result = AdapterResult(_adapter_name(request))
         results.append(result)
         try:
-            plans.append(_plan(owner, request, index, result, {plan.state.name for plan in plans}))
+            plans.append(_plan(owner, request, index, result, {plan.state.name for plan in plans}, micro_batch_size))
         except Exception as exc:  # reported to this request only
             result.error = exc
     if not plans:
@@ -108,7 +113,7 @@ def _micro_batches(plans: list[_Plan], micro_batch_size: int | None) -> list[lis
 
     Each request is cut exactly as ``forward_backward`` would cut it alone
     (chunks of ``micro_batch_size`` from its first row), and chunks are packed
-    whole, so pair-wise losses (DPO) see the same micro-batches either way.
+    whole; a pairwise loss's request is never cut (see ``check_pairs_stay_whole``).
     """
     if micro_batch_size is None:
         return [[(plan, row) for plan in plans for row in range(len(plan.features))]]
@@ -127,7 +132,14 @@ def _adapter_name(request: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _plan(owner: MultiLoraModel, request: Any, index: int, result: AdapterResult, taken: set[str]) -> _Plan:
+def _plan(
+    owner: MultiLoraModel,
+    request: Any,
+    index: int,
+    result: AdapterResult,
+    taken: set[str],
+    micro_batch_size: int | None,
+) -> _Plan:
     """Validate one request completely before anything runs."""
     if isinstance(request, Mapping):
         request = AdapterRequest(**request)
@@ -143,6 +155,7 @@ def _plan(owner: MultiLoraModel, request: Any, index: int, result: AdapterResult
     features = owner._batches.features(state, request.inputs)
     loss_inputs = dict(request.loss_inputs)
     check_loss_inputs(loss_inputs, len(features))
+    check_pairs_stay_whole(state.loss, len(features), micro_batch_size)
     normalizer = state.loss.normalizer(owner._batches.collate(state, features))
     return _Plan(result, state, features, loss_inputs, normalizer, GradGuard(state.params))
 
