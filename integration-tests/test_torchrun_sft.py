@@ -88,5 +88,5 @@ def test_torchrun_sft_matches_one_process(mesh, tmp_path, one_process, eval_feat
 @pytest.mark.parametrize("mesh", list(MESHES))
 def test_torchrun_sft_on_two_gpus_matches_one_process(mesh, tmp_path, one_process, eval_features):
     # float32 on CUDA: the CPU reference's curve up to kernel rounding.
-    losses = _run_cookbook(tmp_path, {**MESHES[mesh], "MPLBACKEND": "Agg"}, nproc=2)
+    losses = _run_cookbook(tmp_path, MESHES[mesh], nproc=2)
     _check_against_one_process(tmp_path, losses, one_process, eval_features)

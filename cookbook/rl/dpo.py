@@ -14,6 +14,7 @@ loss and metrics are the global batch's. MAX_STEPS stops early; the per-step
 losses are written to loss.json; EVAL_PAIRS scores fewer held-out pairs.
 """
 
+import itertools
 import json
 import os
 
@@ -83,17 +84,13 @@ def main() -> None:
 
     dataloader = DataLoader(dataset=train, batch_size=BATCH_SIZE, shuffle=True, min_batch_size=BATCH_SIZE)
     steps = min(EPOCHS * len(dataloader), MAX_STEPS or EPOCHS * len(dataloader))
+    batches = itertools.islice((batch for _ in range(EPOCHS) for batch in dataloader), steps)  # this rank's pairs
     losses = []
-    with tqdm(total=steps, desc="dpo", disable=not twinkle.is_master()) as progress:
-        while len(losses) < steps:
-            for batch in dataloader:  # this rank's pairs of the batch
-                pairs = as_pairs(batch)
-                output = policy.forward_backward(inputs=pairs, ref_logps=sequence_logps(reference, pairs))
-                policy.clip_grad_and_step()
-                losses.append(output.loss)  # the global batch's
-                progress.update()
-                if len(losses) == steps:
-                    break
+    for batch in tqdm(batches, total=steps, desc="dpo", disable=not twinkle.is_master()):
+        pairs = as_pairs(batch)
+        output = policy.forward_backward(inputs=pairs, ref_logps=sequence_logps(reference, pairs))
+        policy.clip_grad_and_step()
+        losses.append(output.loss)  # the global batch's
     metrics = policy.calculate_metric()
     accuracy = preference_accuracy(policy, reference, test)
     checkpoint = policy.save("dpo-checkpoint", output_dir=OUTPUT_DIR)  # every rank takes part; rank 0 writes

@@ -150,12 +150,7 @@ class ServeEngine:
     def place(self, user: str, run_id: str) -> None:
         """The run's replica: the one it is on, else the live one with the fewest runs."""
         with self._lock:
-            replica = self._placed(run_id)
-            if replica is None:
-                live = [r for r in self._replicas if r.alive]
-                if not live:
-                    raise ServerError("every replica has died; restart the server")
-                replica = min(live, key=lambda r: len(r.runs))
+            replica = self._placed(run_id) or self._least_loaded()
             replica.runs[run_id] = user
 
     def unplace(self, run_id: str) -> None:
@@ -258,14 +253,17 @@ class ServeEngine:
     def _placed(self, run_id: str) -> _Replica | None:
         return next((r for r in self._replicas if run_id in r.runs), None)
 
-    def _route(self, key: str) -> _Replica:
-        """The run's replica; calls not on a run (sampling the base model) go to the least-loaded live one."""
-        with self._lock:
-            replica = self._placed(key) or min((r for r in self._replicas if r.alive), key=lambda r: len(r.runs),
-                                               default=None)  # fmt: skip
+    def _least_loaded(self) -> _Replica:
+        """The live replica with the fewest runs (under the lock)."""
+        replica = min((r for r in self._replicas if r.alive), key=lambda r: len(r.runs), default=None)
         if replica is None:
             raise ServerError("every replica has died; restart the server")
         return replica
+
+    def _route(self, key: str) -> _Replica:
+        """The run's replica; calls not on a run (sampling the base model) go to the least-loaded live one."""
+        with self._lock:
+            return self._placed(key) or self._least_loaded()
 
     def _apply(self, replica: _Replica, key: str, task: Task) -> Any:
         return self._get(replica, self._handle.apply.remote(replica.replica_id, task), [key])
