@@ -1,15 +1,33 @@
 """Each distribution installs alone (with only what it declares) into a fresh venv and imports.
 
-Wheels are built from the working tree; siblings come only from those wheels,
-third-party packages from the package index. Packages promised to be torch-free
-(design.md) are checked to install and import without torch.
+Wheels are built once from the working tree. Each test makes an empty venv and asks uv to install one
+distribution by name under a constraints file that pins every workspace name to its wheel (``name @ file://``),
+so siblings can only come from the working tree and only those its declarations pull get installed;
+third-party packages come from the package index (uv's: PyPI unless UV_INDEX_URL etc. say otherwise).
+Packages promised to be torch-free (design.md) are checked to install and import without torch.
+
+Why it is fast and still honest (pip took ~7 min idle: a venv, a resolution and a torch unpack per distribution):
+- uv resolves in about a second and installs by hard-linking from its cache (uv's usual one, so reruns skip
+  downloads too): torch, transformers, pyarrow... are unpacked once, then linked into each venv in seconds.
+  Each venv holds only what its own resolution picked; nothing is pre-seeded.
+- torch is pinned by URL to the wheel pip (with this machine's configuration) resolves for the torch this venv
+  runs, a local CPU build here: uv never fetches a multi-GB CUDA build, and a torch-free distribution that
+  wrongly pulls torch fails cheaply on the torch check.
+- Importing torch/transformers/peft from source is most of what is left, so every venv sits at the same path
+  (deleted and re-created per test) and the import check keeps bytecode under one ``pycache_prefix``; Python
+  reuses a .pyc only while the source at that path still matches it (mtime and size).
+- Rejected: a shared, pre-installed "torch layer" put on sys.path by a .pth file (uv, like pip, counts only the
+  venv's own site-packages as installed and would install torch again; hard links already make that cheap), and
+  running installs in parallel (2 cores).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
+import shutil
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
 import pytest
@@ -26,9 +44,17 @@ TORCH_FREE = {
     "twinkle-metric",
     "twinkle-client",
 }
-TORCH_PIN = "torch==2.13.0"  # the CPU build CPU machines install locally (see Makefile)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def uv() -> str:
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        pytest.fail("uv is missing: it is in requirements-dev.txt, run `make install`")
+    return find_uv_bin()
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +69,54 @@ def wheelhouse(tmp_path_factory, distributions) -> Path:
     return out
 
 
-def _pip(python: Path, *args: str) -> None:
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args], check=True)
+def _torch_wheel_url() -> str:
+    """Where pip (with this machine's configuration) gets the torch build this venv runs."""
+    try:
+        spec = f"torch=={importlib.metadata.version('torch')}"
+    except importlib.metadata.PackageNotFoundError:
+        pytest.fail("torch is not installed in the test venv; run `make install`")
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--dry-run", "--no-deps", "--ignore-installed"]
+    result = subprocess.run([*command, "--report", "-", spec], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.fail(f"pip cannot resolve {spec} (the torch this venv runs):\n{result.stderr}")
+    return json.loads(result.stdout)["install"][0]["download_info"]["url"]
+
+
+@pytest.fixture(scope="module")
+def constraints(tmp_path_factory, wheelhouse) -> Path:
+    """Pins every workspace distribution to its working-tree wheel and torch to the local build."""
+    lines = [f"{wheel.name.split('-')[0].replace('_', '-')} @ {wheel.as_uri()}" for wheel in wheelhouse.glob("*.whl")]
+    path = tmp_path_factory.mktemp("constraints") / "constraints.txt"
+    path.write_text("\n".join([*sorted(lines), f"torch @ {_torch_wheel_url()}"]) + "\n")
+    return path
+
+
+class FreshVenv:
+    """Empty venvs, one at a time, always at the same path so that their imports share one bytecode cache."""
+
+    def __init__(self, root: Path, uv: str, constraints: Path) -> None:
+        self.venv, self.pycache, self.uv, self.constraints = root / "venv", root / "pycache", uv, constraints
+        self.python = self.venv / "bin" / "python"
+
+    def install(self, *requirements: str) -> None:
+        """Replace the venv with a new one holding ``requirements`` and what they declare."""
+        shutil.rmtree(self.venv, ignore_errors=True)
+        self._uv("venv", "--python", sys.executable, str(self.venv))
+        self._uv("pip", "install", "--python", str(self.python), "--constraint", str(self.constraints), *requirements)
+
+    def run(self, code: str) -> subprocess.CompletedProcess:
+        """Run ``code`` in the venv ignoring PYTHON* variables and the working directory (-I)."""
+        command = [str(self.python), "-I", "-X", f"pycache_prefix={self.pycache}", "-c", code]
+        return subprocess.run(command, capture_output=True, text=True)
+
+    def _uv(self, *args: str) -> None:
+        result = subprocess.run([self.uv, *args, "--quiet"], capture_output=True, text=True)
+        assert result.returncode == 0, f"uv {' '.join(args)} failed:\n{result.stderr}"
+
+
+@pytest.fixture(scope="module")
+def fresh_venv(tmp_path_factory, uv, constraints) -> FreshVenv:
+    return FreshVenv(tmp_path_factory.mktemp("fresh"), uv, constraints)
 
 
 def _closure(dist, distributions) -> set[str]:
@@ -59,33 +131,32 @@ def _closure(dist, distributions) -> set[str]:
     return needed
 
 
-def test_installs_alone_and_imports(leaf_distribution, distributions, wheelhouse, tmp_path):
+def _modules(dist) -> list[str]:
+    """What the distribution ships: ``twinkle``'s subpackages and modules there, and any other top-level package."""
+    src = dist.path / "src"
+    inner = [p.stem for p in (src / "twinkle").glob("*.py") if p.stem != "__init__"]
+    others = [p.name for p in src.glob("*") if p.name != "twinkle" and (p / "__init__.py").is_file()]
+    return ["twinkle", *(f"twinkle.{name}" for name in sorted([*dist.subpackages, *inner])), *sorted(others)]
+
+
+def test_installs_alone_and_imports(leaf_distribution, distributions, fresh_venv):
     dist = leaf_distribution
     expected = _closure(dist, distributions)
-    by_name = {d.name: d for d in distributions}
-    venv.create(tmp_path / "venv", with_pip=True)
-    python = tmp_path / "venv" / "bin" / "python"
-    if any("torch" in by_name[name].dependency_names for name in expected):
-        _pip(python, TORCH_PIN)  # otherwise pip would fetch a multi-GB CUDA build
-    _pip(python, "--find-links", str(wheelhouse), dist.name)
-    modules = ["twinkle", *(f"twinkle.{sub}" for sub in dist.subpackages)]
+    fresh_venv.install(dist.name)
+    modules = _modules(dist)
     check = (
-        "import importlib, importlib.util, sys\n"
+        "import importlib, importlib.metadata, importlib.util, json\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
-        f"torch_free = {dist.name in TORCH_FREE}\n"
-        "assert not torch_free or importlib.util.find_spec('torch') is None, 'torch got installed'\n"
-        "assert 'torch' not in sys.modules or not torch_free\n"
-        "others = sorted(p for p in __import__('twinkle').__path__)\n"
-        "print(others)\n"
+        f"assert not {dist.name in TORCH_FREE} or importlib.util.find_spec('torch') is None, 'torch got installed'\n"
+        "print(json.dumps(sorted(d.metadata['Name'] for d in importlib.metadata.distributions())))\n"
     )
-    result = subprocess.run([str(python), "-c", check], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    installed = subprocess.run([str(python), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True)
-    siblings = {line.split("==")[0] for line in installed.stdout.splitlines() if line.startswith("twinkle")}
+    result = fresh_venv.run(check)
+    assert result.returncode == 0, f"{dist.name} does not import alone:\n{result.stderr}"
+    siblings = {name for name in json.loads(result.stdout) if name.startswith("twinkle")}
     assert siblings == expected, f"{dist.name} pulled in {siblings - expected}, lacks {expected - siblings}"
 
 
-def test_third_party_plugin_resolves_by_name(wheelhouse, tmp_path):
+def test_third_party_plugin_resolves_by_name(fresh_venv, tmp_path):
     """A package that only depends on twinkle-core publishes a preprocessor that resolves by name."""
     plugin = tmp_path / "shout-plugin"
     (plugin / "shout_plugin").mkdir(parents=True)
@@ -101,14 +172,12 @@ def test_third_party_plugin_resolves_by_name(wheelhouse, tmp_path):
         "    def preprocess(self, row):\n"
         "        return {'messages': [{'role': 'user', 'content': row['text'].upper() + self.suffix}]}\n"
     )
-    venv.create(tmp_path / "venv", with_pip=True)
-    python = tmp_path / "venv" / "bin" / "python"
-    _pip(python, "--find-links", str(wheelhouse), str(plugin))
+    fresh_venv.install(str(plugin))
     check = (
         "from twinkle.registry import build, get_registry\n"
         "shout = build('preprocessor', 'Shout', suffix='?')\n"
         "assert shout({'text': 'hi'})['messages'][0]['content'] == 'HI?', shout({'text': 'hi'})\n"
         "assert 'Shout' in get_registry('preprocessor').names()\n"
     )
-    result = subprocess.run([str(python), "-c", check], capture_output=True, text=True)
+    result = fresh_venv.run(check)
     assert result.returncode == 0, result.stderr

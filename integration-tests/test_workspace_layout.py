@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import re
 import sys
+import tomllib
 
 import pytest
 
@@ -112,3 +114,27 @@ def test_meta_package_pins_every_distribution(distributions):
     meta = next(d for d in distributions if d.name == "twinkle-all")
     leaves = {d.name for d in distributions if d.name != "twinkle-all"}
     assert meta.dependency_names == leaves
+
+
+def _minimum_python(dist) -> tuple[int, int]:
+    """``requires-python = ">=3.X"`` (the only form the workspace uses) as ``(3, X)``."""
+    spec = tomllib.loads((dist.path / "pyproject.toml").read_text())["project"]["requires-python"]
+    match = re.fullmatch(r">=\s*(\d+)\.(\d+)", spec)
+    assert match, f"{dist.name}: requires-python {spec!r} is not of the form '>=3.X'"
+    return int(match[1]), int(match[2])
+
+
+def test_requires_python_is_at_least_every_sibling_dependencys(distributions, repo_root):
+    """A package cannot install on a Python its dependencies refuse; the README states the workspace's minimum."""
+    minimum = {d.name: _minimum_python(d) for d in distributions}
+    problems = [
+        f"{dist.name} allows Python {'.'.join(map(str, minimum[dist.name]))} but depends on {dep} "
+        f"(Python >= {'.'.join(map(str, minimum[dep]))})"
+        for dist in distributions
+        for dep in sorted(dist.dependency_names & set(minimum))
+        if minimum[dist.name] < minimum[dep]
+    ]
+    assert not problems, "\n".join(problems)
+    workspace = ".".join(map(str, max(minimum.values())))
+    readme = (repo_root / "README.md").read_text()
+    assert f"on a fresh machine with Python ≥ {workspace}" in readme, f"the README's quick start must say {workspace}"

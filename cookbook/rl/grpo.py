@@ -15,27 +15,33 @@ GSM8KFormatReward and GSM8KAccuracyReward (so it lies in [0, 1]); its curve is
 saved as a PNG, every step's metrics to metrics.jsonl. On 2 CPU cores the whole
 run takes about 4 minutes. cookbook/rl/grpo_ray.py runs this recipe with the
 model and the sampler as Ray actors.
+
+The recipe builds its parts from the classes in a ``Components``: twinkle's here,
+twinkle_client's in cookbook/client/twinkle/self_host/short_math_grpo.py, which
+runs this same ``main`` on a Twinkle server.
 """
+
+from __future__ import annotations
 
 import json
 import os
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from peft import LoraConfig
 from tqdm import tqdm
 
 import twinkle
 from twinkle.advantage import GRPOAdvantage
-from twinkle.checkpoint_engine import CheckpointEngineManager
 from twinkle.data_format import SamplingParams
-from twinkle.dataloader import DataLoader
-from twinkle.dataset import Dataset, DatasetMeta
 from twinkle.metric import CompletionRewardMetric, LogprobMismatchMetric
-from twinkle.model import TransformersModel
 from twinkle.preprocessor import GSM8KProcessor
 from twinkle.reward import GSM8KAccuracyReward, GSM8KFormatReward
-from twinkle.sampler import TorchSampler
+
+if TYPE_CHECKING:
+    from twinkle.dataset import Dataset
+    from twinkle.model import TransformersModel
+    from twinkle.sampler import TorchSampler
 
 MODEL_ID = os.environ.get("MODEL_ID", "builtin://qwen3-tiny")
 SEED = int(os.environ.get("SEED", 42))
@@ -52,20 +58,51 @@ OUTPUT_DIR = os.environ.get("OUTPUT_DIR", "outputs/grpo")
 ADAPTER_NAME = "default"
 
 
-def create_dataset(for_sampling: bool) -> Dataset:
+@dataclass(frozen=True)
+class Components:
+    """The classes the recipe builds: twinkle's (:func:`local_components`) or their twinkle_client twins.
+
+    The caller imports them, so a remote run never imports the torch-backed modules.
+    """
+
+    LoraConfig: Any
+    Dataset: Any
+    DatasetMeta: Any
+    DataLoader: Any
+    TransformersModel: Any
+    TorchSampler: Any
+    CheckpointEngineManager: Any
+
+
+def local_components() -> Components:
+    """Training and sampling in this process (or as Ray actors, by ``remote_group=``)."""
+    from peft import LoraConfig
+
+    from twinkle.checkpoint_engine import CheckpointEngineManager
+    from twinkle.dataloader import DataLoader
+    from twinkle.dataset import Dataset, DatasetMeta
+    from twinkle.model import TransformersModel
+    from twinkle.sampler import TorchSampler
+
+    return Components(
+        LoraConfig, Dataset, DatasetMeta, DataLoader, TransformersModel, TorchSampler, CheckpointEngineManager
+    )
+
+
+def create_dataset(components: Components, for_sampling: bool) -> Dataset:
     """Prompts to sample from (RL), or prompts with worked solutions (warm-up).
 
     No system prompt: the tiny model cannot follow instructions anyway, and
     shorter prompts make every step cheaper.
     """
-    dataset = Dataset(DatasetMeta("builtin://gsm8k-mini"))
+    dataset = components.Dataset(components.DatasetMeta("builtin://gsm8k-mini"))
     dataset.set_template("Template", model_id=MODEL_ID, max_length=256, enable_thinking=False)
     dataset.map(GSM8KProcessor(system=None, include_solution=not for_sampling))
     dataset.encode(add_generation_prompt=for_sampling)
     return dataset
 
 
-def warm_up_checkpoint(**placement: Any) -> str:
+def warm_up_checkpoint(components: Components, **placement: Any) -> str:
     """A full-parameter SFT checkpoint on worked solutions, trained once and reused.
 
     ``placement`` (``remote_group=``, ``device_mesh=``) puts the model on a device group in Ray mode.
@@ -75,9 +112,10 @@ def warm_up_checkpoint(**placement: Any) -> str:
     if os.path.exists(marker):
         with open(marker) as file:
             return file.read()
-    model = TransformersModel(model_id=MODEL_ID, **placement)
+    model = components.TransformersModel(model_id=MODEL_ID, **placement)
     model.set_optimizer("AdamW", lr=WARMUP_LR)
-    dataloader = DataLoader(dataset=create_dataset(for_sampling=False), batch_size=16, shuffle=True, seed=SEED)
+    warm_up_data = create_dataset(components, for_sampling=False)
+    dataloader = components.DataLoader(dataset=warm_up_data, batch_size=16, shuffle=True, seed=SEED)
     batches = iter(dataloader)
     for _ in tqdm(range(WARMUP_STEPS), desc="SFT warm-up"):
         model.forward_backward(inputs=next(batches))
@@ -113,26 +151,27 @@ def save_reward_curve(rewards: list[float], path: str) -> None:
     plt.close()
 
 
-def build_model(base_model: str, **placement: Any) -> TransformersModel:
+def build_model(components: Components, base_model: str, **placement: Any) -> TransformersModel:
     """The policy: a LoRA adapter on the warm-up checkpoint, initialised from SEED (cached warm-up or not)."""
-    model = TransformersModel(model_id=base_model, **placement)
-    lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")
+    model = components.TransformersModel(model_id=base_model, **placement)
+    lora = components.LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")
     model.add_adapter_to_model(ADAPTER_NAME, lora, seed=SEED)
     model.set_optimizer("AdamW", lr=LEARNING_RATE)
     model.set_loss("GRPOLoss", epsilon=0.2)
     return model
 
 
-def build_sampler(base_model: str, **placement: Any) -> TorchSampler:
-    sampler = TorchSampler(model_id=base_model, **placement)
+def build_sampler(components: Components, base_model: str, **placement: Any) -> TorchSampler:
+    sampler = components.TorchSampler(model_id=base_model, **placement)
     sampler.set_template("Template", model_id=base_model, enable_thinking=False)
     return sampler
 
 
-def train(model: TransformersModel, sampler: TorchSampler, started: float) -> None:
-    """The GRPO loop and its report: the same code whether model and sampler run here or as Ray actors."""
-    ckpt_manager = CheckpointEngineManager(model=model, sampler=sampler)
-    dataloader = DataLoader(dataset=create_dataset(for_sampling=True), batch_size=BATCH_SIZE, shuffle=True, seed=SEED)
+def train(components: Components, model: TransformersModel, sampler: TorchSampler, started: float) -> None:
+    """The GRPO loop and its report: the same code whether model and sampler run here, as Ray actors or on a server."""
+    ckpt_manager = components.CheckpointEngineManager(model=model, sampler=sampler)
+    prompts_data = create_dataset(components, for_sampling=True)
+    dataloader = components.DataLoader(dataset=prompts_data, batch_size=BATCH_SIZE, shuffle=True, seed=SEED)
     advantage_fn = GRPOAdvantage()
     metrics, mismatch = CompletionRewardMetric(), LogprobMismatchMetric()
     reward_curve: list[float] = []
@@ -192,11 +231,11 @@ def train(model: TransformersModel, sampler: TorchSampler, started: float) -> No
     print(f"last completion: {response.sequences[-1].decoded!r}")
 
 
-def main() -> None:
+def main(components: Components) -> None:
     twinkle.initialize(seed=SEED)
     started = time.perf_counter()
-    base_model = warm_up_checkpoint()
-    train(build_model(base_model), build_sampler(base_model), started)
+    base_model = warm_up_checkpoint(components)
+    train(components, build_model(components, base_model), build_sampler(components, base_model), started)
 
 
 def _completion_logps(output, inputs) -> list[list[float]]:
@@ -208,4 +247,4 @@ def _completion_logps(output, inputs) -> list[list[float]]:
 
 
 if __name__ == "__main__":
-    main()
+    main(local_components())

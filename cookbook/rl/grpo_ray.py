@@ -16,7 +16,7 @@ SEED the rewards equal the in-process run's.
 
 import time
 
-from grpo import SEED, build_model, build_sampler, train, warm_up_checkpoint
+from grpo import SEED, build_model, build_sampler, local_components, train, warm_up_checkpoint
 
 import twinkle
 from twinkle import DeviceGroup, get_device_placement
@@ -31,11 +31,12 @@ def main() -> None:
     twinkle.initialize(mode="ray", seed=SEED, groups=device_groups, lazy_collect=False)
     try:
         started = time.perf_counter()
-        base_model = warm_up_checkpoint(remote_group="model")
-        model = build_model(base_model, remote_group="model")
-        sampler = build_sampler(base_model, remote_group="sampler")
+        components = local_components()
+        base_model = warm_up_checkpoint(components, remote_group="model")
+        model = build_model(components, base_model, remote_group="model")
+        sampler = build_sampler(components, base_model, remote_group="sampler")
         print(get_device_placement())
-        train(model, sampler, started)
+        train(components, model, sampler, started)
     finally:
         shutdown()
 

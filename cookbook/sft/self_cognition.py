@@ -14,22 +14,28 @@ The same script trains data-parallel under torchrun, on a DeviceMesh of all its 
 BATCH_SIZE is the global batch: each of N processes trains on BATCH_SIZE/N of its samples, and the
 losses equal a one-process run's. Rank 0 prints and writes the outputs (loss.png, the curve's
 values in loss.json, the checkpoint). MAX_STEPS stops early; MAX_NEW_TOKENS bounds the answers.
+
+The recipe builds its parts from the classes in a ``Components``: twinkle's here, twinkle_client's in
+cookbook/client/twinkle/self_host/self_cognition.py, which runs this same ``main`` on a Twinkle server.
 """
+
+from __future__ import annotations
 
 import itertools
 import json
 import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from peft import LoraConfig
 from tqdm import tqdm
 
 import twinkle
 from twinkle import DeviceMesh
-from twinkle.dataloader import DataLoader
-from twinkle.dataset import Dataset, DatasetMeta
-from twinkle.model import TransformersModel
 from twinkle.preprocessor import SelfCognitionProcessor
-from twinkle.template import Template
+
+if TYPE_CHECKING:
+    from twinkle.dataloader import DataLoader
+    from twinkle.model import TransformersModel
 
 MODEL_ID = os.environ.get("MODEL_ID", "builtin://qwen3-tiny")
 NAME, AUTHOR = os.environ.get("NAME", "Twinkle"), os.environ.get("AUTHOR", "ModelScope")
@@ -44,25 +50,54 @@ FSDP_SIZE = int(os.environ.get("FSDP_SIZE", 1))  # the rest of the processes rep
 QUESTIONS = ["Who are you?", "What is your name?", "Who developed you?", "你是谁？"]
 
 
-def create_dataloader() -> DataLoader:
-    dataset = Dataset(DatasetMeta("builtin://self-cognition"))
+@dataclass(frozen=True)
+class Components:
+    """The classes the recipe builds: twinkle's (:func:`local_components`) or their twinkle_client twins.
+
+    The caller imports them, so a remote run never imports the torch-backed modules.
+    """
+
+    LoraConfig: Any
+    Dataset: Any
+    DatasetMeta: Any
+    DataLoader: Any
+    TransformersModel: Any
+    Template: Any
+
+
+def local_components() -> Components:
+    """Training in this process."""
+    from peft import LoraConfig
+
+    from twinkle.dataloader import DataLoader
+    from twinkle.dataset import Dataset, DatasetMeta
+    from twinkle.model import TransformersModel
+    from twinkle.template import Template
+
+    return Components(LoraConfig, Dataset, DatasetMeta, DataLoader, TransformersModel, Template)
+
+
+def create_dataloader(components: Components) -> DataLoader:
+    dataset = components.Dataset(components.DatasetMeta("builtin://self-cognition"))
     dataset.set_template("Template", model_id=MODEL_ID, max_length=256)
     dataset.map(SelfCognitionProcessor(NAME, AUTHOR))
     dataset.encode()
-    return DataLoader(dataset=dataset, batch_size=BATCH_SIZE, shuffle=True)
+    return components.DataLoader(dataset=dataset, batch_size=BATCH_SIZE, shuffle=True)
 
 
-def create_model(num_training_steps: int) -> TransformersModel:
-    model = TransformersModel(model_id=MODEL_ID)
-    model.add_adapter_to_model("default", LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
+def create_model(components: Components, num_training_steps: int) -> TransformersModel:
+    model = components.TransformersModel(model_id=MODEL_ID)
+    model.add_adapter_to_model("default", components.LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
     model.set_optimizer("AdamW", lr=LEARNING_RATE)
     model.set_lr_scheduler("CosineWarmupScheduler", num_warmup_steps=5, num_training_steps=num_training_steps)
     return model
 
 
-def train(model: TransformersModel, dataloader: DataLoader, steps: int) -> list[float]:
+def train(model: TransformersModel, dataloader: DataLoader, epochs: int, max_steps: int = 0) -> list[float]:
+    """``epochs`` passes over ``dataloader`` (one step per batch), stopped after ``max_steps`` steps when positive."""
+    steps = epochs * len(dataloader) if max_steps <= 0 else min(max_steps, epochs * len(dataloader))
+    batches = itertools.islice((batch for _ in range(epochs) for batch in dataloader), steps)
     losses = []
-    batches = itertools.islice((batch for _ in range(EPOCHS) for batch in dataloader), steps)
     progress = tqdm(batches, total=steps, desc="sft", disable=not twinkle.is_master())
     for batch in progress:
         output = model.forward_backward(inputs=batch)
@@ -72,9 +107,11 @@ def train(model: TransformersModel, dataloader: DataLoader, steps: int) -> list[
     return losses
 
 
-def ask(model: TransformersModel, questions: list[str], max_new_tokens: int = MAX_NEW_TOKENS) -> list[str]:
-    """Greedy answers from the trained model (plain transformers generate on the PEFT model)."""
-    template = Template(MODEL_ID, enable_thinking=False)  # the prompt already holds the empty think block
+def ask(
+    components: Components, model: TransformersModel, questions: list[str], max_new_tokens: int = MAX_NEW_TOKENS
+) -> list[str]:
+    """Greedy answers from the trained model (in-process: transformers generate on the PEFT model)."""
+    template = components.Template(MODEL_ID, enable_thinking=False)  # the prompt already holds the empty think block
     answers = []
     for question in questions:
         prompt = template.encode({"messages": [{"role": "user", "content": question}]}, add_generation_prompt=True)
@@ -99,17 +136,17 @@ def save_loss_curve(losses: list[float], path: str, title: str = "LoRA SFT on se
     plt.close()
 
 
-def main() -> None:
+def main(components: Components) -> None:
     # The components (DataLoader, TransformersModel) default to this mesh; one process: a mesh of one rank.
     twinkle.initialize(seed=42, global_device_mesh=DeviceMesh.from_sizes(world_size=WORLD_SIZE, fsdp_size=FSDP_SIZE))
-    dataloader = create_dataloader()
-    model = create_model(num_training_steps=EPOCHS * len(dataloader))  # MAX_STEPS stops early on this schedule
-    losses = train(model, dataloader, min(EPOCHS * len(dataloader), MAX_STEPS or EPOCHS * len(dataloader)))
+    dataloader = create_dataloader(components)
+    model = create_model(components, num_training_steps=EPOCHS * len(dataloader))  # MAX_STEPS stops early on it
+    losses = train(model, dataloader, EPOCHS, MAX_STEPS)
     checkpoint = model.save("last-checkpoint", output_dir=OUTPUT_DIR)  # every rank takes part; rank 0 writes
-    answers = ask(model, QUESTIONS)  # under FSDP every rank runs the generation too
+    answers = ask(components, model, QUESTIONS)  # under FSDP every rank runs the generation too
     if not twinkle.is_master():
         return
-    os.makedirs(OUTPUT_DIR, exist_ok=True)
+    os.makedirs(OUTPUT_DIR, exist_ok=True)  # remotely the checkpoint stays on the server
     save_loss_curve(losses, os.path.join(OUTPUT_DIR, "loss.png"))
     with open(os.path.join(OUTPUT_DIR, "loss.json"), "w") as handle:
         json.dump(losses, handle)
@@ -119,4 +156,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(local_components())

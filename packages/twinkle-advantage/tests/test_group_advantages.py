@@ -47,11 +47,10 @@ def test_grpo_matches_numpy_rederivation(rng, layout, scale):
     assert abs(actual.sum()) < 1e-4  # every group's advantages sum to 0
 
 
-def test_seed_sampling_order_needs_interleaved():
-    """``sample(prompts * G)`` repeats the batch: prompt p's completions sit at p, p + P, p + 2P, ..."""
-    prompts = ["a", "b", "c"]
-    sampled = prompts * 2
-    rewards = [{"a": 1.0, "b": 0.0, "c": 5.0}[p] + 0.5 * (i >= 3) for i, p in enumerate(sampled)]
+def test_a_hand_interleaved_batch_needs_its_layout():
+    """Two sampling rounds over prompts a, b, c, concatenated: prompt p's completions sit at p and p + P."""
+    rounds = ["a", "b", "c"] * 2
+    rewards = [{"a": 1.0, "b": 0.0, "c": 5.0}[p] + 0.5 * (i >= 3) for i, p in enumerate(rounds)]
     advantages = GRPOAdvantage()(rewards, num_generations=2, scale="none", group_layout="interleaved")
     np.testing.assert_allclose(advantages, [-0.25, -0.25, -0.25, 0.25, 0.25, 0.25])
     wrong = GRPOAdvantage()(rewards, num_generations=2, scale="none")  # the default assumes prompt-major

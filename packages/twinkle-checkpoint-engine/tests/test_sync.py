@@ -44,6 +44,13 @@ def test_lora_sync_gives_the_trainers_logprobs_after_every_step(lora_model, samp
     assert sampler.adapter_names == ["policy"]
 
 
+def test_after_a_lora_sync_a_sample_without_a_name_is_on_policy(lora_model, sampler, prompts):
+    CheckpointEngineManager(lora_model, sampler).sync_weights(merge_and_sync=False)
+    assert _max_logprob_gap(lora_model, sampler.sample(prompts, PARAMS)) <= 1e-5, "the synced adapter samples"
+    base = sampler.sample(prompts, PARAMS, use_base_model=True)
+    assert _max_logprob_gap(lora_model, base) > 1e-3, "the bare base model only when asked for"
+
+
 def test_merged_sync_makes_the_base_model_the_policy(lora_model, sampler, prompts):
     _train_one_step(lora_model, sampler.sample(prompts, PARAMS))
     CheckpointEngineManager(lora_model, sampler).sync_weights(merge_and_sync=True)

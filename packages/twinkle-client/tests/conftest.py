@@ -18,7 +18,7 @@ from twinkle_client import context, init_twinkle_client
 
 BASE_MODEL = "builtin://qwen3-tiny"
 SHORT_METHODS = {"set_optimizer", "set_lr_scheduler", "set_loss", "set_template", "set_processor"}
-SHORT_METHODS |= {"zero_grad", "lr_step", "calculate_metric"}
+SHORT_METHODS |= {"update_optimizer", "zero_grad", "lr_step", "calculate_metric"}
 
 
 @dataclass

@@ -124,3 +124,33 @@ def test_the_dataloader_iterates_epochs_like_in_process(client, server):
 def test_the_dataloader_needs_a_remote_dataset():
     with pytest.raises(ConfigurationError, match="reads a twinkle_client Dataset, got list"):
         DataLoader([{"input_ids": [1]}], batch_size=1)
+
+
+def test_step_options_are_the_in_process_keywords_and_only_changed_ones_travel(client, server):
+    dataset = Dataset("builtin://gsm8k-mini")
+    dataset.map("GSM8KProcessor", source=0, batched=False, num_proc=2)
+    dataset.set_template("Template")
+    dataset.encode(True, False, strict=False)
+    dataset.filter(has_answer, batched=True)
+    dataset.shuffle(7, source="builtin://gsm8k-mini")
+    assert [step["kwargs"] for step in dataset.steps if step["op"] != "set_template"] == [
+        {"preprocessor": {"name": "GSM8KProcessor", "kwargs": {}}, "source": 0, "batched": False, "num_proc": 2},
+        {"add_generation_prompt": True, "batched": False, "strict": False},
+        {"predicate": {"name": "has_answer", "kwargs": {}}},
+        {"seed": 7, "source": "builtin://gsm8k-mini"},
+    ]
+    assert DatasetMeta("builtin://gsm8k-mini").name == "builtin://gsm8k-mini"
+
+
+def test_dataloader_arguments_come_in_the_in_process_order(client, server):
+    dataset = Dataset("builtin://gsm8k-mini")
+    assert len(DataLoader(dataset, 4, 2, True, 5, device_mesh=None, rank=0)) == 3
+    assert server.requests("POST", "/dataloaders")[0].body == {
+        "dataset": "ds-1",
+        "batch_size": 4,
+        "min_batch_size": 2,
+        "shuffle": True,
+        "seed": 5,
+    }
+    with pytest.raises(ConfigurationError, match="yields lists of rows, which the server's model collates"):
+        DataLoader(dataset, 4, processor="InputProcessor")

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from twinkle.data_format import LossOutput, ModelOutput
-from twinkle.errors import ConfigurationError, InvalidInputError
+from twinkle.errors import ComponentNotFoundError, ConfigurationError, InvalidInputError
 from twinkle_client import LoraConfig
 from twinkle_client.model import MultiLoraModel, TransformersModel
 
@@ -172,3 +172,33 @@ def test_checkpoints_of_the_adapters_run(client, server):
     assert len(server.requests("DELETE", "/runs/run-1/checkpoints/c1")) == 1
     with pytest.raises(ConfigurationError, match="cannot record a dataloader position"):
         model.save("c2", dataloader=object())
+
+
+def test_metrics_added_to_a_remote_model_run_here_and_join_calculate_metric(client, server):
+    from twinkle_client.metric import DPOMetric
+
+    model = TransformersModel()
+    model.add_adapter_to_model("a", config_or_dir=LoraConfig(r=4))
+    metric = DPOMetric()
+    model.add_metric(metric)
+    metric.accumulate(chosen_rewards=[1.0, 0.0], rejected_rewards=[0.0, 1.0])
+    reported = model.calculate_metric()
+    assert reported == {
+        "loss": 1.25,
+        "dpo/accuracy": 0.5,
+        "dpo/margin": 0.0,
+        "dpo/chosen_reward": 0.5,
+        "dpo/rejected_reward": 0.5,
+        "dpo/num_pairs": 2.0,
+    }
+    assert model.calculate_metric() == {"loss": 1.25}  # reset by the previous report, as in-process
+    assert [method for method, _ in calls(server, "run-1")] == ["calculate_metric", "calculate_metric"]
+    with pytest.raises(ComponentNotFoundError, match="unknown metric 'NoSuchMetric'"):
+        model.add_metric("NoSuchMetric")
+
+
+def test_update_optimizer_sets_hyperparameters_of_the_runs_optimizer(client, server):
+    model = TransformersModel()
+    model.add_adapter_to_model("a", LoraConfig(r=4))
+    model.update_optimizer(lr=2e-4, weight_decay=0.0)
+    assert calls(server, "run-1") == [("update_optimizer", {"lr": 2e-4, "weight_decay": 0.0})]

@@ -79,11 +79,29 @@ def test_sync_weights_moves_nothing_and_points_the_sampler_at_the_run(client, se
     manager.sync_weights()
     assert len(server.seen) == calls_before
     sampler.sample(PROMPTS, adapter_name="policy")
-    sampler.sample(PROMPTS)  # a LoRA sync leaves adapter_name=None on the base model
+    sampler.sample(PROMPTS)  # the one adapter synced into the sampler, as in-process
+    sampler.sample(PROMPTS, use_base_model=True)
     manager.sync_weights(merge_and_sync=True)
-    sampler.sample(PROMPTS)  # after a merged sync the sampler "holds" the policy
+    sampler.sample(PROMPTS, use_base_model=True)  # after a merged sync the sampler's base "holds" the policy
     runs = [request.body.get("run_id") for request in server.requests("POST", "/sample")]
-    assert runs == ["run-1", None, "run-1"]
+    assert runs == ["run-1", "run-1", None, "run-1"]
+
+
+def test_without_a_name_a_sampler_synced_with_several_adapters_refuses_to_guess(client, server):
+    model = TransformersModel()
+    model.add_adapter_to_model("a", LoraConfig(r=4))
+    model.add_adapter_to_model("b", LoraConfig(r=4))
+    sampler = TorchSampler()
+    for name in ("a", "b"):
+        CheckpointEngineManager(model, sampler, adapter_name=name).sync_weights()
+    with pytest.raises(InvalidInputError, match=r"serves several adapters \['a', 'b'\]: pass adapter_name="):
+        sampler.sample(PROMPTS)
+    with pytest.raises(InvalidInputError, match="do not also pass adapter_name='a'"):
+        sampler.sample(PROMPTS, adapter_name="a", use_base_model=True)
+    sampler.sample(PROMPTS, adapter_name="b")
+    sampler.sample(PROMPTS, use_base_model=True)
+    runs = [request.body.get("run_id") for request in server.requests("POST", "/sample")]
+    assert runs == [model.run_id("b"), None]
 
 
 def test_the_manager_checks_adapters_as_in_process(client):
@@ -121,3 +139,19 @@ def test_the_template_encodes_and_decodes_on_the_server(client, server):
         "add_generation_prompt": True,
     }
     assert decode.body == {"template": spec, "token_ids": [[5, 6]], "skip_special_tokens": True}
+
+
+def test_the_sampler_decodes_lists_adapters_and_has_a_prefix_cache_to_reset_as_in_process(client, server):
+    model = TransformersModel()
+    model.add_adapter_to_model("default", LoraConfig(r=4))
+    sampler = TorchSampler()
+    assert sampler.adapter_names == ["default"]  # every adapter this client added can be named
+    assert sampler.decode([5, 6]) == "5 6"
+    sampler.set_template("Template", enable_thinking=False)
+    sampler.decode([7])
+    first, second = server.requests("POST", "/templates/decode")
+    assert first.body == {"token_ids": [[5, 6]], "skip_special_tokens": True}  # the server's default template
+    assert second.body["template"] == {"name": "Template", "kwargs": {"enable_thinking": False}}
+    requests_before = len(server.seen)
+    sampler.reset_prefix_cache()
+    assert len(server.seen) == requests_before  # no request: the server keeps no prompt cache between calls

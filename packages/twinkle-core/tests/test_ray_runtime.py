@@ -4,9 +4,13 @@ One local 2-CPU Ray for the whole module; its device group ``pair`` (two CPU
 ranks) holds every actor, so the cluster has no CPU to spare for ``big``.
 """
 
+import gc
 import subprocess
 import sys
+import textwrap
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +21,7 @@ from twinkle import DeviceGroup, DeviceMesh  # noqa: E402
 from twinkle.errors import ConfigurationError, InvalidInputError  # noqa: E402
 from twinkle.infra import get_runtime, process_group_kwargs, remote_class, shutdown  # noqa: E402
 from twinkle.infra.ray import ActorProxy, LazyResult, relay  # noqa: E402
+from twinkle.infra.ray.actors import wait_for_unresolved_calls  # noqa: E402
 from twinkle.infra.ray.dispatch import merge, split_arguments, worker_ranks  # noqa: E402
 from twinkle.infra.ray.placement import bundles_for  # noqa: E402
 
@@ -54,6 +59,10 @@ class Worker:
 
     def fail(self) -> None:
         raise InvalidInputError("no such sample")
+
+    def write_after(self, path: str, seconds: float) -> None:
+        time.sleep(seconds)
+        Path(path).write_text(f"rank {get_runtime().rank}")
 
     def all_reduce(self, value: float) -> float:
         """What a DDP model does: join torch.distributed from torchrun's variables and sum over the workers."""
@@ -159,6 +168,43 @@ def test_lazy_calls_return_futures_and_failures_surface_at_a_later_use(runtime, 
     broken = Worker(-1.0, remote_group="pair")  # lazily built: its constructor's error comes with its first use
     with pytest.raises(InvalidInputError, match=r"Worker\.__init__ .*scale must be >= 0"):
         broken.set_scale(1.0).result()
+
+
+def test_lazy_calls_nobody_resolved_finish_after_their_proxy_is_gone(runtime, monkeypatch, tmp_path):
+    monkeypatch.setattr(runtime, "lazy_collect", True)
+    wait_for_unresolved_calls()  # earlier tests' leftovers
+    worker = Worker(1.0, remote_group="pair")
+    worker.write_after(str(tmp_path / "written"), 1.0)
+    worker.fail()
+    del worker
+    gc.collect()  # the proxy is gone, its calls are not: Ray runs an actor's queued calls before it stops it
+    errors = wait_for_unresolved_calls()
+    assert (tmp_path / "written").read_text() == "rank 0"
+    assert len(errors) == 1 and isinstance(errors[0], InvalidInputError) and "Worker.fail" in str(errors[0])
+    assert wait_for_unresolved_calls() == []
+
+
+def test_a_script_that_ends_without_resolving_its_last_call_still_has_it_done(tmp_path):
+    """As a training script's last ``model.save(...)``: lazy by default, and nothing waits for it but the exit."""
+    script = textwrap.dedent(
+        f"""
+        import time
+        from pathlib import Path
+        import twinkle
+        from twinkle.infra import remote_class
+
+        @remote_class
+        class Writer:
+            def write(self, path):
+                time.sleep(2)
+                Path(path).write_text("written")
+
+        twinkle.initialize(mode="ray", groups=[twinkle.DeviceGroup("one", ranks=1)], num_cpus=1)
+        Writer(remote_group="one").write({str(tmp_path / "out")!r})
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=180, capture_output=True)
+    assert (tmp_path / "out").read_text() == "written"
 
 
 def test_relay_moves_a_value_actor_to_actor_with_only_a_reference_through_the_driver(pair, monkeypatch):

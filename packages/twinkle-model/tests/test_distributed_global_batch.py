@@ -26,24 +26,30 @@ from twinkle.model.data_parallel import Parallelism, parallelism_for
 from twinkle.model.global_batch import Denominator, global_denominator, record_call
 from twinkle.model.multi_lora_model import MultiLoraModel
 from twinkle.model.token_logps import TokenLogpsResult
-from twinkle.model.training_metric import TrainingMetric
+from twinkle.model.training_metric import TrainingMetric, combine_loss_metrics
 from twinkle.model.transformers_model import TransformersModel
 from twinkle.processor import InputProcessor
 
 
 class _ThreadRank(Parallelism):
-    """One simulated rank: ``sum`` adds every rank's values once all of them have arrived."""
+    """One simulated rank: ``sum`` (``max``) combines every rank's values once all of them have arrived."""
 
     def __init__(self, rank: int, slots: list[Any], barrier: threading.Barrier) -> None:
         self.rank, self.slots, self.barrier = rank, slots, barrier
         self.data_world_size = len(slots)
 
     def sum(self, values: Sequence[float]) -> list[float]:
+        return self._all_reduce(values, sum)
+
+    def max(self, values: Sequence[float]) -> list[float]:
+        return self._all_reduce(values, max)
+
+    def _all_reduce(self, values: Sequence[float], op: Callable[[Sequence[float]], float]) -> list[float]:
         self.slots[self.rank] = list(values)
         self.barrier.wait()
-        total = [sum(column) for column in zip(*self.slots, strict=True)]
+        combined = [op(column) for column in zip(*self.slots, strict=True)]
         self.barrier.wait()  # nobody overwrites a slot before every rank has read it
-        return total
+        return combined
 
 
 def _on_ranks(fn: Callable[[Parallelism, Any], Any], shares: Sequence[Any]) -> list[Any]:
@@ -213,6 +219,24 @@ def test_loss_metrics_are_averaged_with_the_ranks_shares_of_the_normaliser():
         return record_call(rank, TrainingMetric(), batch, result, 0.1, 0.5, {"accuracy": accuracy}, pairs)[2]
 
     assert _on_ranks(record, [(3, 2 / 3), (1, 0.0)]) == [{"accuracy": pytest.approx(0.5)}] * 2
+
+
+def test_maxima_among_the_loss_metrics_take_the_largest_value_everywhere():
+    """``*_max`` metrics combine by max over micro-batches, ranks and calls; the others by their means."""
+    assert combine_loss_metrics([({"x": 1.0, "gap_max": 0.5}, 1), ({"x": 4.0, "gap_max": 0.25}, 3)]) == {
+        "x": 3.25,
+        "gap_max": 0.5,
+    }
+
+    def record(rank: Parallelism, gap: float) -> dict:
+        batch = {"seq_lens": torch.tensor([4])}
+        return record_call(rank, TrainingMetric(), batch, _result([True], [True]), 0.1, 0.5, {"gap_max": gap})[2]
+
+    assert _on_ranks(record, [0.125, 0.75]) == [{"gap_max": 0.75}] * 2
+    metric = TrainingMetric()
+    for gap in (0.5, 2.0, 1.0):
+        metric.accumulate(loss_metrics={"gap_max": gap, "x": gap})
+    assert metric.calculate() == {"loss/gap_max": 2.0, "loss/x": pytest.approx(7 / 6)}
 
 
 def test_one_process_records_its_own_figures_unchanged():

@@ -21,7 +21,7 @@ def test_each_row_gets_exactly_what_it_gets_alone(sampler, prompts, two_tenants,
     rows = [(0, None), (1, "small"), (2, "large"), (1, None), (0, "large"), (3, "small")]
     mixed = sampler.sample([prompts[p] for p, _ in rows], GREEDY, adapter_name=[a for _, a in rows])
     for (prompt, adapter), together in zip(rows, mixed.sequences, strict=True):
-        (alone,) = sampler.sample(prompts[prompt], GREEDY, adapter_name=adapter).sequences
+        (alone,) = sampler.sample(prompts[prompt], GREEDY, adapter_name=[adapter]).sequences  # [None]: the base
         assert together.tokens == alone.tokens, (prompt, adapter)
         assert max(abs(a - b) for a, b in zip(together.logprobs, alone.logprobs, strict=True)) <= 1e-5
     by_adapter = {adapter: s.tokens for (p, adapter), s in zip(rows, mixed.sequences, strict=True) if p == 1}

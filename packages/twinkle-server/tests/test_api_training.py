@@ -184,3 +184,20 @@ def test_a_call_spelling_out_the_default_micro_batch_size_still_joins_shared_pas
         _call(client, headers, run_id, "forward_backward", inputs=_features(0, 2), micro_batch_size=None)
         passes = client.app.state.server.telemetry.pass_requests.collect()[0].samples
     assert any(sample.name.endswith("_count") and sample.value == 1 for sample in passes)
+
+
+def test_update_optimizer_changes_the_runs_hyperparameters_in_place(tmp_path):
+    client, keys = _start(tmp_path, ("ann",))
+    headers = keys["ann"]
+    with client:
+        session = client.post(f"{API}/sessions", headers=headers, json={}).json()["session_id"]
+        body = {"session_id": session, "lora_config": TENANTS["ann"], "seed": 7}
+        run_id = client.post(f"{API}/runs", headers=headers, json=body).json()["run_id"]
+        _call(client, headers, run_id, "set_optimizer", optimizer_cls="AdamW", lr=1e-2)
+        assert _call(client, headers, run_id, "update_optimizer", lr=0.25) is None
+        _call(client, headers, run_id, "forward_backward", inputs=_features(0, 2))
+        assert _call(client, headers, run_id, "clip_grad_and_step")["lr"] == 0.25
+        body = {"method": "update_optimizer", "kwargs": {"momentum": 0.9}}
+        reply = client.post(f"{API}/runs/{run_id}/call", headers=headers, json=body)
+    assert reply.status_code == 400
+    assert "AdamW has no hyper-parameter 'momentum'" in reply.json()["error"]["message"]

@@ -25,11 +25,14 @@ class CheckpointEngineManager:
         self.adapter_name = pick_adapter(model.adapter_names, adapter_name)
 
     def sync_weights(self, merge_and_sync: bool = False) -> None:
-        """Let the sampler resolve the model's adapter names; after ``merge_and_sync=True`` a sample without
-        ``adapter_name`` uses the synced adapter too, as a sampler holding the merged weights would."""
+        """Point the sampler at the model's adapter, as the in-process sync would leave it.
+
+        After a LoRA sync the sampler serves the adapter under its name (a sample without ``adapter_name``
+        uses it when it is the only one synced); after ``merge_and_sync=True`` its base model is the run's
+        merged weights.
+        """
         if self.adapter_name is None and not merge_and_sync:
             raise ConfigurationError(
                 "the model has no LoRA adapter to sync; use sync_weights(merge_and_sync=True) to push all weights"
             )
-        run_id = self.model.run_id(self.adapter_name)
-        self.sampler.use_model(self.model, default_run=run_id if merge_and_sync else None)
+        self.sampler.use_model(self.model, self.adapter_name, merged=merge_and_sync)

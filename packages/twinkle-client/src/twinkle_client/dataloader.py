@@ -17,18 +17,30 @@ from twinkle_client.dataset import Dataset
 
 
 class DataLoader:
-    """Remote twin of ``twinkle.dataloader.DataLoader``; ``dataset`` may be a zero-argument function making one."""
+    """Remote twin of ``twinkle.dataloader.DataLoader``; ``dataset`` may be a zero-argument function making one.
+
+    ``device_mesh`` and ``rank`` say how an in-process loader slices batches over data-parallel
+    ranks; the server's model takes whole batches, so they are ignored here. A ``processor``
+    would collate rows into tensors, which a remote model cannot receive: it is refused.
+    """
 
     def __init__(
         self,
         dataset: Dataset | Callable[[], Dataset],
         batch_size: int,
+        min_batch_size: int | None = None,
         shuffle: bool = False,
         seed: int = 42,
-        min_batch_size: int | None = None,
         drop_last: bool = False,
-        **ignored_local_options: Any,
+        device_mesh: Any = None,
+        processor: Any = None,
+        rank: int | None = None,
     ) -> None:
+        if processor is not None:
+            raise ConfigurationError(
+                "a remote DataLoader yields lists of rows, which the server's model collates itself; "
+                "remove processor= (set one on the model with model.set_processor(...) instead)"
+            )
         if not isinstance(dataset, Dataset) and callable(dataset):
             dataset = dataset()
         if not isinstance(dataset, Dataset):

@@ -16,6 +16,8 @@ from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle_client.components import merged_spec
 from twinkle_client.context import get_client
 
+Source = int | str | None  # which added dataset a step applies to, as in-process (a remote dataset has one)
+
 
 @dataclass
 class DatasetMeta:
@@ -39,6 +41,11 @@ class DatasetMeta:
             )
         if not isinstance(self.dataset_id, str) or not self.dataset_id:
             raise ConfigurationError(f"DatasetMeta.dataset_id must be a non-empty string, got {self.dataset_id!r}")
+
+    @property
+    def name(self) -> str:
+        """How logs and errors refer to this source."""
+        return self.dataset_id
 
     def to_dict(self) -> dict[str, Any]:
         """The source fields of ``POST /datasets``; a slice or range travels as ``{"start", "stop", "step"}``."""
@@ -70,21 +77,34 @@ class Dataset:
         name, built = merged_spec(template, kwargs, "set_template(template)")
         self._record("set_template", template={"name": name, "kwargs": built})
 
-    def map(self, preprocessor: Any, **options: Any) -> None:
+    def map(
+        self, preprocessor: Any, *, source: Source = None, strict: bool = True, batched: bool = True, **map_kwargs: Any
+    ) -> None:
         """``preprocessor``: a registered name, a registered class or an instance of one (not a lambda)."""
-        self._record("map", preprocessor=_spec(preprocessor, "map(preprocessor)"), **options)
+        options = _changed(source=(source, None), strict=(strict, True), batched=(batched, True))
+        self._record("map", preprocessor=_spec(preprocessor, "map(preprocessor)"), **options, **map_kwargs)
 
-    def encode(self, add_generation_prompt: bool = False, **options: Any) -> None:
+    def encode(
+        self,
+        add_generation_prompt: bool = False,
+        batched: bool = True,
+        *,
+        source: Source = None,
+        strict: bool = True,
+        **map_kwargs: Any,
+    ) -> None:
         if not any(step["op"] == "set_template" for step in self.steps):
             raise ConfigurationError("encode() needs a template: call set_template(...) first")
-        self._record("encode", add_generation_prompt=add_generation_prompt, **options)
+        options = _changed(batched=(batched, True), source=(source, None), strict=(strict, True))
+        self._record("encode", add_generation_prompt=add_generation_prompt, **options, **map_kwargs)
 
-    def filter(self, predicate: Any, **options: Any) -> None:
+    def filter(self, predicate: Any, *, source: Source = None, batched: bool = True, **map_kwargs: Any) -> None:
         """``predicate``: a registered name or a module-level function registered on the server."""
-        self._record("filter", predicate=_spec(predicate, "filter(predicate)"), **options)
+        options = _changed(source=(source, None), batched=(batched, True))
+        self._record("filter", predicate=_spec(predicate, "filter(predicate)"), **options, **map_kwargs)
 
-    def shuffle(self, seed: int = 42, **options: Any) -> None:
-        self._record("shuffle", seed=seed, **options)
+    def shuffle(self, seed: int = 42, *, source: Source = None) -> None:
+        self._record("shuffle", seed=seed, **_changed(source=(source, None)))
 
     def select(self, indices: Sequence[int]) -> None:
         self._record("select", indices=list(indices))
@@ -109,6 +129,11 @@ class Dataset:
 
     def __repr__(self) -> str:
         return f"Dataset({self.meta.dataset_id!r}, steps={[step['op'] for step in self.steps]})"
+
+
+def _changed(**options: tuple[Any, Any]) -> dict[str, Any]:
+    """The ``{name: (value, in-process default)}`` options whose value differs: the server applies the defaults."""
+    return {name: value for name, (value, default) in options.items() if value != default}
 
 
 def _spec(component: Any, where: str) -> dict[str, Any]:

@@ -20,6 +20,8 @@ import numpy as np
 from twinkle.data_format import LossOutput, ModelOutput, SamplingParams
 from twinkle.errors import ConfigurationError
 from twinkle.infra import get_runtime
+from twinkle.interfaces import Metric
+from twinkle.registry import build
 from twinkle.utils import get_logger
 from twinkle_client.components import merged_spec
 from twinkle_client.context import CHECKPOINT_SCHEME, check_base_model, get_client
@@ -41,6 +43,7 @@ class TransformersModel:
         self._checkpoint = self.model_id if self.model_id.startswith(CHECKPOINT_SCHEME) else None
         self._runs: dict[str, str] = {}
         self._full_run: str | None = None
+        self._metrics: dict[str, list[Metric]] = {}  # run id -> metrics added here, reported by calculate_metric
         if ignored_local_options:
             logger.info("server-side options ignored by the remote model: %s", sorted(ignored_local_options))
 
@@ -68,14 +71,16 @@ class TransformersModel:
     def add_adapter_to_model(
         self,
         adapter_name: str,
-        config: LoraConfig | dict[str, Any],
+        config_or_dir: LoraConfig | dict[str, Any],
         gradient_accumulation_steps: int = 1,
         seed: int | None = None,
     ) -> None:
         """Create a run with this LoRA adapter on the server.
 
-        ``seed`` (default: the seed given to ``twinkle.initialize``) fixes the adapter's initial
-        weights, so a remote run starts the same way every time whatever else the server is doing.
+        ``config_or_dir`` is a :class:`LoraConfig` or a dict of its arguments; a saved adapter is
+        loaded afterwards with :meth:`load` (the server cannot read a local directory). ``seed``
+        (default: the seed given to ``twinkle.initialize``) fixes the adapter's initial weights, so a
+        remote run starts the same way every time whatever else the server is doing.
         """
         if not isinstance(adapter_name, str) or not adapter_name or "." in adapter_name:
             raise ConfigurationError(f"adapter_name must be a non-empty string without dots, got {adapter_name!r}")
@@ -88,7 +93,7 @@ class TransformersModel:
             )
         seed = get_runtime().seed if seed is None else seed
         run_id = self._client.create_run(
-            lora_config_dict(config), gradient_accumulation_steps, self._checkpoint, seed=seed
+            lora_config_dict(config_or_dir), gradient_accumulation_steps, self._checkpoint, seed=seed
         )
         self._runs[adapter_name] = run_id
         self._client.adapter_runs[adapter_name] = run_id
@@ -109,6 +114,14 @@ class TransformersModel:
 
     def set_template(self, template: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
         self._set("set_template", "template", template, adapter_name, kwargs)
+
+    def add_metric(self, metric: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
+        """Also report ``metric`` from :meth:`calculate_metric` (then reset it), as in-process.
+
+        The metric lives here, like rewards and advantages: feed it with its own ``accumulate`` calls.
+        """
+        built = build("metric", metric, **kwargs)
+        self._metrics.setdefault(self.run_id(adapter_name), []).append(built)
 
     # ------------------------------------------------------------------ steps
 
@@ -151,8 +164,16 @@ class TransformersModel:
     def clip_grad_and_step(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> dict[str, Any]:
         return self._call("clip_grad_and_step", adapter_name, max_grad_norm=max_grad_norm)
 
+    def update_optimizer(self, adapter_name: str | None = None, **hyperparameters: Any) -> None:
+        """Set hyper-parameters (``lr``, ``betas``, ...) of the run's optimizer in place, keeping its state."""
+        self._call("update_optimizer", adapter_name, **hyperparameters)
+
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
-        return self._call("calculate_metric", adapter_name, is_training=is_training)
+        result = dict(self._call("calculate_metric", adapter_name, is_training=is_training))
+        for metric in self._metrics.get(self.run_id(adapter_name), []):
+            result.update(metric.calculate())
+            metric.reset()
+        return result
 
     def generate(self, input_ids: list[int], max_new_tokens: int = 64, adapter_name: str | None = None) -> list[int]:
         """Greedy continuation of one prompt with this adapter: the server's sampler at temperature 0."""

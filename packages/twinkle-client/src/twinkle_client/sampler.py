@@ -2,7 +2,10 @@
 
 The server samples the same base model it trains, so ``adapter_name`` (an
 adapter added with ``model.add_adapter_to_model``) always means that adapter's
-current weights; see :mod:`twinkle_client.checkpoint_engine`.
+current weights; see :mod:`twinkle_client.checkpoint_engine`. Which weights a
+call samples follows the in-process rule: without ``adapter_name``, the one
+adapter synced into this sampler (``sync_weights``), the base model when none
+was, an error when several were; ``use_base_model=True`` asks for the base.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ class TorchSampler:
         self.model_id = check_base_model(self._client, model_id, type(self).__name__)
         self._template: dict[str, Any] | None = None
         self._model: TransformersModel | None = None
-        self._default_run: str | None = None
+        self._synced: dict[str, str] = {}  # adapter name -> run id, from LoRA syncs
+        self._merged_run: str | None = None  # a merged sync made this run's weights the sampler's base
         if ignored_local_options:
             logger.info("server-side options ignored by the remote sampler: %s", sorted(ignored_local_options))
 
@@ -40,10 +44,38 @@ class TorchSampler:
         name, built = merged_spec(template, kwargs, "set_template(template)")
         self._template = {"name": name, "kwargs": built}
 
-    def use_model(self, model: TransformersModel, default_run: str | None = None) -> None:
-        """Resolve ``adapter_name`` through ``model``; ``default_run`` serves ``adapter_name=None`` (a merged sync)."""
+    @property
+    def adapter_names(self) -> list[str]:
+        """The adapters :meth:`sample` can name: those added to this client's models."""
+        names = self._model.adapter_names if self._model is not None else []
+        return list(dict.fromkeys([*names, *self._client.adapter_runs]))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text a user sees for ``token_ids`` (special tokens left out), decoded by the server's tokenizer."""
+        body: dict[str, Any] = {"token_ids": [list(token_ids)], "skip_special_tokens": True}
+        if self._template is not None:
+            body["template"] = self._template
+        return self._client.request("POST", "/templates/decode", body)["texts"][0]
+
+    def reset_prefix_cache(self) -> None:
+        """Nothing to clear from here: the server's sampler keeps no prompt cache between calls.
+
+        It exists, as on the in-process ``TorchSampler``, so loops written for ``vLLMSampler`` run unchanged.
+        """
+
+    def use_model(self, model: TransformersModel, adapter_name: str | None, merged: bool = False) -> None:
+        """Record a sync of ``model``'s adapter (``None``: its full-parameter run) and resolve names through it.
+
+        A LoRA sync serves the adapter under its name (what a call without a name uses when it is the only
+        one); a merged sync makes the run's weights what this sampler samples as its base model.
+        """
         self._model = model
-        self._default_run = default_run
+        run_id = model.run_id(adapter_name)
+        if merged:
+            self._merged_run = run_id
+        else:
+            assert adapter_name is not None, "a LoRA sync names its adapter"
+            self._synced[adapter_name] = run_id
 
     def sample(
         self,
@@ -51,19 +83,37 @@ class TorchSampler:
         sampling_params: SamplingParams | None = None,
         adapter_name: str | None = None,
         num_samples: int | None = None,
+        use_base_model: bool = False,
     ) -> SampleResponse:
-        """``num_samples`` completions per input (default ``sampling_params.num_samples``), prompt-major."""
+        """``num_samples`` completions per input (default ``sampling_params.num_samples``), prompt-major.
+
+        Adapters and order as in ``twinkle.sampler.Sampler.sample`` (see the module docstring).
+        """
         params = sampling_params if sampling_params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidInputError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         prompts = [inputs] if isinstance(inputs, Mapping) else list(inputs)
-        run_id = self._run_for(adapter_name)
+        run_id = self._run_for(adapter_name, use_base_model)
         base_model = self.model_id if run_id is None and self.model_id.startswith(CHECKPOINT_SCHEME) else None
         return sample_request(self._client, prompts, params, run_id, num_samples, self._template, base_model)
 
-    def _run_for(self, adapter_name: Any) -> str | None:
+    def _run_for(self, adapter_name: Any, use_base_model: bool) -> str | None:
+        """The run whose weights sample (``None``: the server's base model)."""
+        if not isinstance(use_base_model, bool):
+            raise InvalidInputError(f"use_base_model must be True or False, got {use_base_model!r}")
+        if use_base_model:
+            if adapter_name is not None:
+                raise InvalidInputError(
+                    f"use_base_model=True samples without any adapter: do not also pass adapter_name={adapter_name!r}"
+                )
+            return self._merged_run
         if adapter_name is None:
-            return self._default_run
+            if len(self._synced) > 1:
+                raise InvalidInputError(
+                    f"this sampler serves several adapters {sorted(self._synced)}: pass adapter_name=<one of them>, "
+                    "or use_base_model=True for the base model"
+                )
+            return next(iter(self._synced.values()), self._merged_run)
         if not isinstance(adapter_name, str):
             raise InvalidInputError(
                 f"a remote sampler takes one adapter_name per call, got {adapter_name!r}; "

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 
 ENTRY_POINT_GROUP = "twinkle.cli"
 
 
-def _commands() -> dict:
+def _commands() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def _usage(commands: dict) -> str:
+def _usage(commands: dict[str, EntryPoint]) -> str:
     lines = ["usage: twinkle <command> [options]", "", "commands:"]
     for name, ep in sorted(commands.items()):
         lines.append(f"  {name:<12} ({ep.value.split(':')[0]})")

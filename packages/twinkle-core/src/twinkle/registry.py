@@ -34,9 +34,6 @@ KINDS: tuple[str, ...] = (
     "checkpoint_engine",
     "optimizer",
     "lr_scheduler",
-    "store",
-    "kernel",
-    "patch",
 )
 
 

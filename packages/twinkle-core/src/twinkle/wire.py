@@ -210,7 +210,7 @@ class _Decoder:
         index, dtype, shape, kind = node.get("buffer"), node.get("dtype"), node.get("shape"), node.get("kind")
         if not (isinstance(index, int) and 0 <= index < len(self.spans)):
             raise InvalidInputError(f"wire: array at {path} names buffer {index!r}; the body has {len(self.spans)}")
-        _check_dtype(dtype, path)
+        dtype = _check_dtype(dtype, path)
         if not (isinstance(shape, list) and all(isinstance(n, int) and n >= 0 for n in shape)):
             raise InvalidInputError(f"wire: array at {path} has an invalid shape {shape!r}")
         if kind not in _KINDS or (kind == "list" and len(shape) != 1):
@@ -235,18 +235,19 @@ class _Decoder:
         return flat if kind == "list" else _nest(flat, shape)
 
 
-def _to_bytes(values: array) -> bytes:
+def _to_bytes(values: array[Any]) -> bytes:
     if sys.byteorder == "big":
         values.byteswap()
     return values.tobytes()
 
 
-def _check_dtype(dtype: Any, path: str) -> None:
+def _check_dtype(dtype: Any, path: str) -> str:
     if dtype not in _DTYPES:
         raise InvalidInputError(
             f"wire: unsupported dtype {dtype!r} at {path}; supported: {', '.join(_DTYPES)} (bfloat16/float16 "
             "are sent as float32)"
         )
+    return str(dtype)
 
 
 def _checked_span(span: Any, index: int, region_size: int) -> tuple[int, int]:

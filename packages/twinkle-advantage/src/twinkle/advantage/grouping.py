@@ -4,10 +4,12 @@
 ``N = P * G`` rewards holds them in one of two orders:
 
 * ``'contiguous'`` (prompt-major): sample ``i`` belongs to prompt ``i // G``
-  (``[p0, p0, p1, p1]``), what a sampler returns for ``sample(prompts, num_samples=G)``.
+  (``[p0, p0, p1, p1]``). A sampler's response is always in this order, for
+  ``sample(prompts, num_samples=G)`` and for ``sample(prompts * G)`` alike
+  (identical prompts are one group).
 * ``'interleaved'``: sample ``i`` belongs to prompt ``i % P``
-  (``[p0, p1, p0, p1]``), what ``sample(prompts * G)`` returns, since repeating a
-  Python list repeats the whole batch.
+  (``[p0, p1, p0, p1]``), for batches laid out by hand that way, e.g. rewards
+  of ``G`` separate sampling rounds over the same prompts, concatenated.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ def to_groups(rewards_N: np.ndarray, num_generations: int, group_layout: GroupLa
         )
     if group_layout == "contiguous":
         return rewards_N.reshape(-1, num_generations)
-    return rewards_N.reshape(num_generations, -1).T
+    rewards_PG: np.ndarray = rewards_N.reshape(num_generations, -1).T
+    return rewards_PG
 
 
 def from_groups(values_PG: np.ndarray, group_layout: GroupLayout) -> np.ndarray:
@@ -46,7 +49,8 @@ def sample_std(values: np.ndarray, axis: int | None = None) -> np.ndarray:
     count = values.size if axis is None else values.shape[axis]
     if count < 2:
         return np.zeros_like(values.mean(axis=axis, keepdims=True))
-    return values.std(axis=axis, ddof=1, keepdims=True)
+    std: np.ndarray = values.std(axis=axis, ddof=1, keepdims=True)
+    return std
 
 
 class GroupAdvantage(Advantage):

@@ -64,8 +64,9 @@ class CheckpointEngineManager:
     """Syncs ``model`` (a ``TransformersModel`` or a :class:`WeightSource` with ``.adapter_names``) into ``sampler``.
 
     ``adapter_name`` defaults to the model's only adapter; the sampler serves
-    it under the same name, so sample with ``adapter_name=<that name>`` after
-    a LoRA sync. A model without adapters (full-parameter training) can only
+    it under the same name, and a ``sample`` without ``adapter_name`` uses it
+    while it is the sampler's only adapter (``use_base_model=True`` samples the
+    bare base). A model without adapters (full-parameter training) can only
     be synced with ``merge_and_sync=True``.
     """
 
@@ -76,19 +77,23 @@ class CheckpointEngineManager:
 
     def sync_weights(self, merge_and_sync: bool = False) -> None:
         """Push the trainer's current weights into the sampler (see the module docstring)."""
-        if merge_and_sync:
-            self._require("load_base_weights", "merged weights")
-            read, write = partial(_read_merged, adapter_name=self.adapter_name), _write_merged
-        else:
-            if self.adapter_name is None:
-                raise ConfigurationError(
-                    "the model has no LoRA adapter to sync; use sync_weights(merge_and_sync=True) to push all weights"
-                )
-            self._require("add_adapter", "LoRA adapters")
-            read = partial(_read_lora, adapter_name=self.adapter_name)
-            write = partial(_write_lora, adapter_name=self.adapter_name)
+        read, write = self._reader_writer(merge_and_sync)
         if not relay(self.model, self.sampler, partial(_materialized, read), write):
             write(self.sampler, read(self.model))
+
+    def _reader_writer(
+        self, merge_and_sync: bool
+    ) -> tuple[Callable[[Any], Any], Callable[[WeightReceiver, Any], None]]:
+        """How this mode reads its payload (merged weights, or a LoRA config and tensors) and writes it."""
+        if merge_and_sync:
+            self._require("load_base_weights", "merged weights")
+            return partial(_read_merged, adapter_name=self.adapter_name), _write_merged
+        if self.adapter_name is None:
+            raise ConfigurationError(
+                "the model has no LoRA adapter to sync; use sync_weights(merge_and_sync=True) to push all weights"
+            )
+        self._require("add_adapter", "LoRA adapters")
+        return partial(_read_lora, adapter_name=self.adapter_name), partial(_write_lora, adapter_name=self.adapter_name)
 
     def _require(self, method: str, what: str) -> None:
         if not callable(getattr(self.sampler, method, None)):

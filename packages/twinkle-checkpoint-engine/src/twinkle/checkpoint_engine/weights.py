@@ -50,7 +50,9 @@ def merged_weights(model: torch.nn.Module, adapter_name: str | None) -> Iterator
             if not layer_name:
                 yield key, tensor
             elif leaf == "weight" and layer_name in lora_layers:
-                yield f"{layer_name}.weight", tensor + lora_layers[layer_name].get_delta_weight(adapter_name)
+                # peft declares get_delta_weight on each concrete LoraLayer (Linear, Embedding, Conv), not the base
+                delta = lora_layers[layer_name].get_delta_weight(adapter_name)  # type: ignore[attr-defined]
+                yield f"{layer_name}.weight", tensor + delta
             else:
                 yield f"{layer_name}.{leaf}", tensor
 

@@ -67,7 +67,7 @@ def init_tinker_client(base_url: str | None = None, api_key: str | None = None) 
     installed: ``pip install 'twinkle-client[tinker]'``.
     """
     tinker = require_tinker()
-    url = _first(base_url, os.environ.get("TINKER_BASE_URL"), os.environ.get("TWINKLE_BASE_URL"), DEFAULT_BASE_URL)
+    url = _first(base_url, os.environ.get("TINKER_BASE_URL"), os.environ.get("TWINKLE_BASE_URL")) or DEFAULT_BASE_URL
     os.environ["TINKER_BASE_URL"] = _tinker_base_url(url)
     key = _first(api_key, os.environ.get("TINKER_API_KEY"), os.environ.get("TWINKLE_API_KEY"))
     if key:

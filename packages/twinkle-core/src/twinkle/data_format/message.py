@@ -46,11 +46,14 @@ class Trajectory(TypedDict):
 
     ``user_data`` carries whatever rewards need later (ground-truth answers,
     ids); it travels unchanged through encoding into the ``InputFeature``.
+    ``rejected_messages`` makes it a preference pair: the rejected alternative
+    of ``messages`` (the chosen one), with the same prompt.
     """
 
     messages: list[Message]
     tools: NotRequired[list[Tool]]
     user_data: NotRequired[dict[str, Any]]
+    rejected_messages: NotRequired[list[Message]]
 
 
 def validate_message(message: Any, where: str = "message") -> Message:

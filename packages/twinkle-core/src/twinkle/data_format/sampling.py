@@ -79,7 +79,8 @@ class SampledSequence(Serializable):
     """One completion: token ids, their log-probs, the text, and a feature ready for training.
 
     ``new_input_feature`` is prompt + completion with labels on the completion only,
-    so it can go straight into ``forward_backward``.
+    so it can go straight into ``forward_backward``. ``input_index`` is the
+    position, in the ``inputs`` of the ``sample`` call, of the prompt it answers.
     """
 
     tokens: list[int]
@@ -88,11 +89,20 @@ class SampledSequence(Serializable):
     topk_logprobs: list[list[tuple[int, float]]] | None = None
     decoded: str | None = None
     new_input_feature: InputFeature | None = None
+    input_index: int | None = None
 
 
 @dataclass
 class SampleResponse(Serializable):
-    """All completions for one request (``num_samples`` per prompt, prompt-major order)."""
+    """All completions for one request, prompt-major: each distinct prompt's completions together.
+
+    Inputs with the same prompt token ids and the same adapter form one group
+    (``sample(prompts * G)`` groups like ``sample(prompts, num_samples=G)``);
+    groups come in order of first appearance, and within a group each input's
+    ``num_samples`` completions follow in input order. ``sequences[i].input_index``
+    maps a completion back to its input; the prompt-level lists
+    (``prompt_token_ids``, ``prompt_logprobs``) follow the inputs' order.
+    """
 
     sequences: list[SampledSequence]
     prompt_token_ids: list[list[int]] | None = None

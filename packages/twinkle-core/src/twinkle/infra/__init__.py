@@ -8,8 +8,9 @@ process or (for remote runtimes) returns a proxy with the same methods.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Literal
+from typing import Literal, cast
 
 from twinkle.errors import ConfigurationError
 from twinkle.infra.device_mesh import DeviceGroup, DeviceMesh
@@ -74,14 +75,15 @@ def initialize(
     return runtime
 
 
-def _load_runtime_plugin(mode: str) -> type[Runtime]:
+def _load_runtime_plugin(mode: str) -> Callable[..., Runtime]:
+    """A plugin's :class:`Runtime` subclass; its constructor takes that runtime's own keywords."""
     available = {ep.name: ep for ep in entry_points(group=RUNTIME_ENTRY_POINT_GROUP)}
     if mode not in available:
         raise ConfigurationError(
             f"mode={mode!r} is not available: no runtime named {mode!r} is installed "
             f"(entry-point group {RUNTIME_ENTRY_POINT_GROUP!r}). Installed modes: {['local', *sorted(available)]}"
         )
-    return available[mode].load()
+    return cast("Callable[..., Runtime]", available[mode].load())
 
 
 def _index_groups(groups: list[DeviceGroup] | None, world_size: int) -> dict[str, DeviceGroup]:

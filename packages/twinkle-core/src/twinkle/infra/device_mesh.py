@@ -28,7 +28,7 @@ def normalize_device_type(device_type: str) -> str:
     return _DEVICE_ALIASES[key]
 
 
-@dataclass
+@dataclass(init=False)  # the constructor takes a count for ``ranks``; the field is always the list
 class DeviceGroup:
     """A named group of ranks (devices) that components can be placed on.
 
@@ -36,27 +36,29 @@ class DeviceGroup:
     """
 
     name: str
-    ranks: list[int] | int
+    ranks: list[int]
     device_type: str = "cpu"
     gpus_per_worker: int = 1
 
-    def __post_init__(self) -> None:
-        if not self.name or not isinstance(self.name, str):
+    def __init__(self, name: str, ranks: list[int] | int, device_type: str = "cpu", gpus_per_worker: int = 1) -> None:
+        if not name or not isinstance(name, str):
             raise ConfigurationError("DeviceGroup.name must be a non-empty string")
-        if isinstance(self.ranks, int):
-            if self.ranks < 1:
-                raise ConfigurationError(f"DeviceGroup {self.name!r}: ranks count must be >= 1, got {self.ranks}")
-            self.ranks = list(range(self.ranks))
-        self.ranks = [int(r) for r in self.ranks]
+        if isinstance(ranks, int):
+            if ranks < 1:
+                raise ConfigurationError(f"DeviceGroup {name!r}: ranks count must be >= 1, got {ranks}")
+            ranks = list(range(ranks))
+        self.name = name
+        self.ranks = [int(r) for r in ranks]
         if not self.ranks or len(set(self.ranks)) != len(self.ranks) or min(self.ranks) < 0:
-            raise ConfigurationError(f"DeviceGroup {self.name!r}: ranks must be distinct non-negative ints")
-        self.device_type = normalize_device_type(self.device_type)
-        if self.gpus_per_worker < 1:
-            raise ConfigurationError(f"DeviceGroup {self.name!r}: gpus_per_worker must be >= 1")
+            raise ConfigurationError(f"DeviceGroup {name!r}: ranks must be distinct non-negative ints")
+        self.device_type = normalize_device_type(device_type)
+        if gpus_per_worker < 1:
+            raise ConfigurationError(f"DeviceGroup {name!r}: gpus_per_worker must be >= 1")
+        self.gpus_per_worker = gpus_per_worker
 
     @property
     def world_size(self) -> int:
-        return len(self.ranks)  # type: ignore[arg-type]
+        return len(self.ranks)
 
 
 @dataclass

@@ -18,7 +18,7 @@ C = TypeVar("C", bound=type)
 def remote_class(cls: C) -> C:
     """Make ``cls`` placeable on a device group (see module docstring)."""
     original_new = cls.__new__
-    original_init = cls.__init__
+    original_init = cls.__init__  # type: ignore[misc]  # the class's own __init__, read before it is replaced
 
     def __new__(klass: type, *args: Any, remote_group: str | None = None, **kwargs: Any) -> Any:
         from twinkle.infra import get_runtime
@@ -26,7 +26,7 @@ def remote_class(cls: C) -> C:
         proxy = get_runtime().instantiate(klass, args, kwargs, remote_group)
         if proxy is not None:
             return proxy
-        if original_new is object.__new__:
+        if original_new is object.__new__:  # type: ignore[comparison-overlap]  # no __new__ of its own
             return object.__new__(klass)
         return original_new(klass, *args, **kwargs)
 
@@ -38,6 +38,6 @@ def remote_class(cls: C) -> C:
             self.remote_group = get_runtime().place(self, remote_group, kwargs.get("device_mesh"))
         original_init(self, *args, **kwargs)
 
-    cls.__new__ = __new__  # type: ignore[method-assign]
+    cls.__new__ = __new__  # type: ignore[assignment]
     cls.__init__ = __init__  # type: ignore[misc]
     return cls

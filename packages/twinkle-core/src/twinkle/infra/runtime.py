@@ -56,7 +56,7 @@ class Runtime:
             )
         return name
 
-    def instantiate(self, cls: type, args: tuple, kwargs: dict[str, Any], remote_group: str | None) -> Any:
+    def instantiate(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], remote_group: str | None) -> Any:
         """Hook for remote runtimes: return a proxy to construct ``cls`` elsewhere, or ``None``.
 
         The local runtime constructs every component in this process.

@@ -2,19 +2,19 @@
 
 ABCs are used where Twinkle provides shared behaviour or wants an explicit
 opt-in (``Preprocessor``, ``Loss``, ``Metric``, ``Reward``, ``Advantage``);
-``Protocol`` where any object with the right methods will do.
+``Protocol`` where any object with the right methods will do. Optimizers and
+LR schedulers are torch's own classes (``torch.optim``), so they have none here.
 """
 
-from twinkle.interfaces.data import InputProcessor, Preprocessor, SizedDataset, Template
-from twinkle.interfaces.infra import Kernel, Store
+from twinkle.interfaces.data import DataLoader, InputProcessor, Preprocessor, SizedDataset, Template
 from twinkle.interfaces.rl import Advantage, CheckpointEngine, Reward, Sampler
 from twinkle.interfaces.training import Loss, Metric, Model
 
 __all__ = [
     "Advantage",
     "CheckpointEngine",
+    "DataLoader",
     "InputProcessor",
-    "Kernel",
     "Loss",
     "Metric",
     "Model",
@@ -22,6 +22,5 @@ __all__ = [
     "Reward",
     "Sampler",
     "SizedDataset",
-    "Store",
     "Template",
 ]

@@ -1,9 +1,9 @@
-"""Interfaces of the data components: Preprocessor, Template, InputProcessor, dataset."""
+"""Interfaces of the data components: Preprocessor, Template, InputProcessor, dataset, DataLoader."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from twinkle.data_format import InputFeature, Trajectory
@@ -61,3 +61,24 @@ class SizedDataset(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: int) -> Any: ...
+
+
+@runtime_checkable
+class DataLoader(Protocol):
+    """Batches of a dataset, epoch after epoch, with a position a checkpoint can save and restore.
+
+    ``Model.save(..., dataloader=)`` records :meth:`get_state`;
+    ``Model.resume_from_checkpoint(..., dataloader=)`` gives it back to :meth:`load_state`.
+    """
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        ...
+
+    def __iter__(self) -> Iterator[Any]:
+        """The remaining batches of the current epoch."""
+        ...
+
+    def get_state(self) -> dict[str, Any]: ...
+
+    def load_state(self, state: Mapping[str, Any]) -> None: ...

@@ -46,6 +46,8 @@ class DataLoader:
     loader is placed on; under torchrun it maps the process rank into the mesh.
     """
 
+    remote_group: str  # set by @remote_class before __init__ runs
+
     def __init__(
         self,
         dataset: SizedDataset | Callable[[], SizedDataset],
@@ -130,11 +132,15 @@ class DataLoader:
 
     def resume_from_checkpoint(self, state: Mapping[str, Any] | int) -> None:
         """Resume from a :meth:`get_state` dict, or from a count of samples consumed since training began."""
-        if isinstance(state, int) and not isinstance(state, bool):
+        if isinstance(state, Mapping):
+            self.load_state(state)
+        elif isinstance(state, int) and not isinstance(state, bool):
             self.set_epoch(0)
             self.skip_consumed_samples(state)
         else:
-            self.load_state(state)
+            raise InvalidInputError(
+                f"resume_from_checkpoint takes a get_state() dict or a number of samples, got {state!r}"
+            )
 
     def skip_consumed_samples(self, num_samples: int) -> None:
         """Move forward ``num_samples`` rows (of global batches), possibly across epochs.

@@ -195,18 +195,21 @@ class Dataset:
             raise InvalidInputError(f"a Dataset is indexed by int, got {type(index).__name__}")
         if not -len(data) <= index < len(data):
             raise IndexError(f"row {index} is out of range for a dataset of {len(data)} rows")
-        return data[index]
+        row: dict[str, Any] = data[index]
+        return row
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """Several rows in one Arrow read; data loaders use it to fetch a batch."""
-        return self._single().data.__getitems__(list(indices))
+        rows: list[dict[str, Any]] = self._single().data.__getitems__(list(indices))
+        return rows
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self._single().data)
 
     @property
     def column_names(self) -> list[str]:
-        return self._single().data.column_names
+        names: list[str] = self._single().data.column_names
+        return names
 
     def to_hf(self) -> datasets.Dataset:
         """The underlying ``datasets.Dataset`` (nested columns are ``datasets.Json``)."""

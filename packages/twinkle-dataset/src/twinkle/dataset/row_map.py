@@ -141,12 +141,11 @@ def batch_rows(batch: Mapping[str, list[Any]], num_rows: int) -> Iterator[dict[s
 def _stage_batch(batch: dict[str, list[Any]], indices: list[int], row_fn: RowFunction) -> dict[str, list[Any]]:
     outputs: dict[str, list[Any]] = {_ROW: [], _ERROR: [], _INDEX: list(indices), _KEYS: []}
     for row in batch_rows(batch, len(indices)):
+        error: str | None = None
         try:
             output = _checked(row_fn(row))
         except InvalidInputError as exc:
             output, error = None, str(exc)
-        else:
-            error = None
         outputs[_ROW].append(None if output is None else output[0])
         outputs[_KEYS].append(None if output is None else output[1])
         outputs[_ERROR].append(error)

@@ -33,9 +33,10 @@ def download_from_modelscope(repo_id: str, kind: Kind, ref: str) -> str:
     download = modelscope.snapshot_download if kind == "model" else modelscope.dataset_snapshot_download
     logger.info("Fetching %s %r from ModelScope", kind, ref)
     try:
-        return download(repo_id)
+        directory: str = download(repo_id)
     except Exception as exc:  # modelscope's errors share no base class narrower than Exception
         raise ResourceNotFoundError(_unavailable_message(ref, kind, "ModelScope", exc)) from exc
+    return directory
 
 
 def _unavailable_message(ref: str, kind: Kind, hub: str, exc: BaseException) -> str:

@@ -54,9 +54,12 @@ class PreferenceLoss(Loss):
 
     @abstractmethod
     def pair_losses(
-        self, logps_S: torch.Tensor, lengths_S: torch.Tensor, inputs: Mapping[str, Any], **loss_inputs: Any
+        self, logps_S: torch.Tensor, lengths_S: torch.Tensor, inputs: Mapping[str, Any], loss_inputs: Mapping[str, Any]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per-pair losses ``[N]`` and the implicit rewards of the chosen and the rejected sides, ``[N]`` each."""
+        """Per-pair losses ``[N]`` and the implicit rewards of the chosen and the rejected sides, ``[N]`` each.
+
+        ``loss_inputs`` holds this call's extra inputs, only names from ``input_names``.
+        """
 
     def __call__(
         self, inputs: Mapping[str, Any], outputs: ModelOutput, normalizer: float | None = None, **loss_inputs: Any
@@ -77,7 +80,7 @@ class PreferenceLoss(Loss):
         if empty.numel():
             raise InvalidInputError(f"{name}: sequence {int(empty[0])} has no trained token; every response needs one")
         logps_S = per_sequence_sums(logps_BT * weights_BT, inputs)
-        losses_P, chosen_P, rejected_P = self.pair_losses(logps_S, lengths_S, inputs, **loss_inputs)
+        losses_P, chosen_P, rejected_P = self.pair_losses(logps_S, lengths_S, inputs, loss_inputs)
         chosen_P, rejected_P = chosen_P.detach(), rejected_P.detach()
         metrics = {
             "chosen_reward": float(chosen_P.mean()),
@@ -129,8 +132,9 @@ class DPOLoss(PreferenceLoss):
         self.required_inputs = () if reference_free else ("ref_logps",)
 
     def pair_losses(
-        self, logps_S: torch.Tensor, lengths_S: torch.Tensor, inputs: Mapping[str, Any], ref_logps: Any = None
+        self, logps_S: torch.Tensor, lengths_S: torch.Tensor, inputs: Mapping[str, Any], loss_inputs: Mapping[str, Any]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ref_logps = loss_inputs.get("ref_logps")
         if self.reference_free and ref_logps is not None:
             raise InvalidInputError("DPOLoss(reference_free=True) takes no ref_logps")
         if not self.reference_free and ref_logps is None:
@@ -174,7 +178,7 @@ class SimPOLoss(PreferenceLoss):
         self.gamma = float(gamma)
 
     def pair_losses(
-        self, logps_S: torch.Tensor, lengths_S: torch.Tensor, inputs: Mapping[str, Any]
+        self, logps_S: torch.Tensor, lengths_S: torch.Tensor, inputs: Mapping[str, Any], loss_inputs: Mapping[str, Any]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         chosen_P, rejected_P = (self.beta * logps_S / lengths_S).chunk(2)
         return -F.logsigmoid(chosen_P - rejected_P - self.gamma), chosen_P, rejected_P

@@ -20,7 +20,7 @@ REDUCTIONS: tuple[str, ...] = ("token_mean", "token_sum", "sequence_mean")
 
 def token_weights(inputs: Mapping[str, Any]) -> torch.Tensor:
     """Per-token weights ``[B, T]``: ``loss_weights`` when given (float), else ``loss_mask``."""
-    weights = inputs.get("loss_weights")
+    weights: torch.Tensor | None = inputs.get("loss_weights")
     if weights is None:
         weights = inputs.get("loss_mask")
     if weights is None:

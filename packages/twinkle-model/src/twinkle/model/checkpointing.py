@@ -40,6 +40,8 @@ from twinkle.model.distributed import full_tensors, shard_optimizer_state
 from twinkle.model.train_state import TrainState
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from twinkle.model.training_model import TrainingModel
 
 FORMAT_VERSION = 1
@@ -168,7 +170,7 @@ def _read_optimizer_state(owner: TrainingModel, path: Path, name: str | None) ->
     return saved
 
 
-def _load_full_weights(model: torch.nn.Module, path: Path) -> None:
+def _load_full_weights(model: PreTrainedModel, path: Path) -> None:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ResourceNotFoundError(f"{path} has neither an adapter nor *.safetensors model weights")

@@ -67,6 +67,10 @@ class Parallelism:
         """Sums over the data-parallel ranks."""
         return list(values)
 
+    def max(self, values: Sequence[float]) -> list[float]:
+        """Maxima over the data-parallel ranks."""
+        return list(values)
+
     def all_or_none(self) -> AbstractContextManager[None]:
         """A block that fails on every rank if it fails on one (it must not run collectives)."""
         return nullcontext()
@@ -121,11 +125,17 @@ class DataParallel(Parallelism):
         if self.sharded and not torch.is_grad_enabled():
             # FSDP2 keeps the root's gathered parameters after forward for the backward that follows;
             # without one they would go stale at the next optimizer step.
-            self._module.reshard()
+            from torch.distributed.fsdp import FSDPModule
+
+            if isinstance(self._module, FSDPModule):  # always, when sharded
+                self._module.reshard()
         return output
 
     def sum(self, values: Sequence[float]) -> list[float]:
         return distributed.all_reduce_sum(values, self._comm_device)
+
+    def max(self, values: Sequence[float]) -> list[float]:
+        return distributed.all_reduce_max(values, self._comm_device)
 
     def all_or_none(self) -> AbstractContextManager[None]:
         return distributed.all_or_none(self._comm_device)
@@ -160,10 +170,11 @@ class DataParallel(Parallelism):
             )
         for layer in layers:  # frozen base and trainable LoRA weights may share a layer: FSDP2 allows it
             fully_shard(layer, mesh=shard_mesh)
-        return fully_shard(runner, mesh=shard_mesh)
+        fully_shard(runner, mesh=shard_mesh)  # makes runner itself an FSDPModule
+        return runner
 
 
-def _decoder_layers(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+def _decoder_layers(model: Any) -> Iterator[torch.nn.Module]:  # a transformers model, possibly PEFT-wrapped
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     layer_classes = set(getattr(inner, "_no_split_modules", None) or ())
     return (module for module in model.modules() if type(module).__name__ in layer_classes)

@@ -45,6 +45,13 @@ def all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]
     return tensor.tolist()
 
 
+def all_reduce_max(values: Sequence[float], device: torch.device) -> list[float]:
+    """Element-wise maxima of ``values`` over all ranks."""
+    tensor = torch.tensor(list(values), dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+
 @contextmanager
 def all_or_none(device: torch.device) -> Iterator[None]:
     """Fail the block on every rank when it fails on any, with the failing ranks' messages.

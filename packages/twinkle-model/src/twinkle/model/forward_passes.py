@@ -27,7 +27,7 @@ from twinkle.model.global_batch import Denominator, global_denominator, record_c
 from twinkle.model.microbatch import check_loss_inputs, check_micro_batch_size, check_pairs_stay_whole, micro_batches
 from twinkle.model.token_logps import TokenLogpsResult, causal_token_logps, merge_token_counts
 from twinkle.model.train_state import TrainState
-from twinkle.model.training_metric import token_weighted_mean
+from twinkle.model.training_metric import combine_loss_metrics
 from twinkle.processor import unpack
 
 if TYPE_CHECKING:
@@ -89,7 +89,10 @@ def forward_backward(
     collate = _collate(owner, state)
     denominator = global_denominator(owner.parallel, state.loss, features, full_batch, collate, micro_batch_size)
     start = time.perf_counter()
-    total_loss, logps, results, loss_metrics = 0.0, [], [], []
+    total_loss = 0.0
+    logps: list[torch.Tensor] = []
+    results: list[TokenLogpsResult] = []
+    loss_metrics: list[tuple[Mapping[str, float], int]] = []
     with GradGuard(state.params):
         for part, part_inputs in micro_batches(features, loss_inputs, micro_batch_size):
             batch = full_batch if len(part) == len(features) else collate(list(part))
@@ -113,7 +116,7 @@ def forward_backward(
         merge_token_counts(results),
         total_loss,
         elapsed,
-        token_weighted_mean(loss_metrics),
+        combine_loss_metrics(loss_metrics),
         denominator.share,
     )
     return ModelOutput(loss=loss, logps=logps, num_tokens=supervised, metrics=metrics)
@@ -143,7 +146,7 @@ def forward_only(
         owner.parallel, state.eval_metric, batch, result, loss, seconds, output.metrics, metrics_weight
     )
     output.logps = [t.cpu() for t in unpack(result.logps_BT, batch)]
-    if return_logits:
+    if result.logits_BTV is not None:  # present when asked for with return_logits
         output.logits = [t.cpu() for t in unpack(result.logits_BTV, batch)]
     return output
 

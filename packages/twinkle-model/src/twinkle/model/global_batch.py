@@ -33,7 +33,7 @@ from twinkle.infra import get_runtime
 from twinkle.interfaces import Loss
 from twinkle.model.data_parallel import Parallelism
 from twinkle.model.token_logps import TokenLogpsResult
-from twinkle.model.training_metric import TrainingMetric
+from twinkle.model.training_metric import TrainingMetric, is_maximum
 
 Collate = Callable[[list[Any]], Mapping[str, torch.Tensor]]
 
@@ -101,13 +101,15 @@ def global_denominator(
 
 def _adds_up(loss: Loss, normalizer: float, features: Sequence[Any], collate: Collate) -> bool:
     doubled = loss.normalizer(collate([*features, *features]))
-    if math.isclose(doubled, 2 * normalizer):
-        return True
-    if math.isclose(doubled, normalizer):
-        return False
+    if doubled is not None:
+        if math.isclose(doubled, 2 * normalizer):
+            return True
+        if math.isclose(doubled, normalizer):
+            return False
+    twice = "None" if doubled is None else f"{doubled:g}"
     raise ConfigurationError(
         f"{type(loss).__name__}.normalizer is neither a count over the batch nor a constant "
-        f"({normalizer:g} for this rank's share, {doubled:g} for it twice): it cannot be split over data-parallel ranks"
+        f"({normalizer:g} for this rank's share, {twice} for it twice): it cannot be split over data-parallel ranks"
     )
 
 
@@ -127,7 +129,7 @@ def record_call(
 
     ``loss`` is this rank's share of the global loss (``None`` when none was computed, on every rank).
     A loss's own metrics are averaged over ranks weighted by ``metrics_weight`` (``Denominator.share``),
-    by default their supervised tokens.
+    by default their supervised tokens; maxima (``*_max``) take the largest rank's value.
     """
     counts = {
         "correct_tokens": int(result.correct_BT.sum()),
@@ -136,14 +138,17 @@ def record_call(
     }
     metrics = dict(loss_metrics or {})
     if parallel.data_world_size > 1:
-        names = sorted(metrics)
+        names = sorted(name for name in metrics if not is_maximum(name))
+        maxima = sorted(name for name in metrics if is_maximum(name))  # the same names on every rank: one loss
         weight = counts["supervised_tokens"] if metrics_weight is None else metrics_weight
         weighted = [metrics[name] * weight for name in names]
         totals = parallel.sum([loss or 0.0, *counts.values(), weight, *weighted])
+        largest = parallel.max([metrics[name] for name in maxima]) if maxima else []
         loss = None if loss is None else totals[0]
         counts = {key: int(value) for key, value in zip(counts, totals[1:4], strict=True)}
         weights = totals[4]
         metrics = {name: total / weights for name, total in zip(names, totals[5:], strict=True) if weights}
+        metrics.update(zip(maxima, largest, strict=True))
     values: dict[str, Any] = {**counts, "seconds": seconds, "loss_metrics": metrics}
     if loss is not None:
         values["loss"] = loss

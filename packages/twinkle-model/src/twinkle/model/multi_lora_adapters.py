@@ -13,9 +13,10 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from peft import LoraConfig
+from peft import LoraConfig, PeftConfig
 from peft.tuners.tuners_utils import check_target_module_exists
 from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
 from torch import nn
@@ -76,9 +77,12 @@ class MultiLoraAdapter:
                 self.weights[module][1].copy_(B_OR)
 
 
-def create_adapter(model: nn.Module, name: str, config: LoraConfig, max_rank: int) -> MultiLoraAdapter:
-    """Make the adapter's parameters (PEFT's initialisation) and install them on ``model``'s layers."""
-    check_config(name, config)
+def create_adapter(model: Any, name: str, config: PeftConfig, max_rank: int) -> MultiLoraAdapter:
+    """Make the adapter's parameters (PEFT's initialisation) and install them on ``model``'s layers.
+
+    ``model`` is a transformers model (typed Any: nn.Module's typing does not know ``get_input_embeddings``).
+    """
+    config = check_config(name, config)
     modules = target_module_names(model, config)
     base = model.get_input_embeddings().weight
     weights, scaling = {}, {}
@@ -101,8 +105,8 @@ def create_adapter(model: nn.Module, name: str, config: LoraConfig, max_rank: in
     return MultiLoraAdapter(config, weights, scaling)
 
 
-def check_config(name: str, config: LoraConfig) -> None:
-    """Refuse LoRA variants the multi-adapter layer cannot compute, naming the option."""
+def check_config(name: str, config: PeftConfig) -> LoraConfig:
+    """``config`` as a LoraConfig; refuses other adapters and LoRA variants the layer cannot compute, naming them."""
     if not isinstance(config, LoraConfig):
         raise ConfigurationError(f"adapter {name!r}: MultiLoraModel trains LoRA adapters, got {type(config).__name__}")
     check_lora_config(name, config)
@@ -115,19 +119,20 @@ def check_config(name: str, config: LoraConfig) -> None:
         )
     if not 0 <= config.lora_dropout < 1:
         raise InvalidInputError(f"adapter {name!r}: lora_dropout must be in [0, 1), got {config.lora_dropout}")
+    return config
 
 
-def target_module_names(model: nn.Module, config: LoraConfig) -> list[str]:
+def target_module_names(model: Any, config: LoraConfig) -> list[str]:
     """The linear layers ``config`` targets, by PEFT's rules (``'all-linear'`` leaves out the output layer)."""
     output_layer = model.get_output_embeddings()
     linears = [name for name, module in model.named_modules() if isinstance(module, (nn.Linear, MultiLoraLinear))]
     targets = config.target_modules
     if targets is None:  # PEFT's default targets for this architecture
         model_type = getattr(model.config, "model_type", None)
-        default = TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type)
+        default = TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type) if model_type else None
         if default is None:
             raise ConfigurationError(f"no default LoRA targets for model type {model_type!r}: set target_modules")
-        config = dataclasses.replace(config, target_modules=set(default))
+        config = dataclasses.replace(config, target_modules=list(default))  # LoraConfig makes it a set
         targets = config.target_modules
     if targets == "all-linear" or (isinstance(targets, (set, list)) and "all-linear" in targets):
         names = [name for name in linears if model.get_submodule(name) is not output_layer]

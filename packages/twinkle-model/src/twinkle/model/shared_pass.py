@@ -33,7 +33,7 @@ from twinkle.model.microbatch import (
 )
 from twinkle.model.token_logps import TokenLogpsResult, causal_token_logps, merge_token_counts
 from twinkle.model.train_state import TrainState
-from twinkle.model.training_metric import token_weighted_mean
+from twinkle.model.training_metric import combine_loss_metrics
 from twinkle.module import adapter_rows
 from twinkle.processor import InputProcessor, select_rows, unpack
 
@@ -83,7 +83,8 @@ def forward_backward_many(
     owner: MultiLoraModel, requests: Sequence[AdapterRequest | Mapping[str, Any]], micro_batch_size: int | None
 ) -> list[AdapterResult]:
     check_micro_batch_size(micro_batch_size)
-    results, plans = [], []
+    results: list[AdapterResult] = []
+    plans: list[_Plan] = []
     for index, request in enumerate(requests):
         result = AdapterResult(_adapter_name(request))
         results.append(result)
@@ -222,7 +223,7 @@ def _finish(owner: MultiLoraModel, plan: _Plan, elapsed: float, total_tokens: in
     state = plan.state
     state.accumulated += 1
     seq_lens = torch.tensor([len(feature["input_ids"]) for feature in plan.features])
-    metrics = token_weighted_mean(plan.loss_metrics)
+    metrics = combine_loss_metrics(plan.loss_metrics)
     counts = merge_token_counts(plan.counts)
     share = int(seq_lens.sum()) / total_tokens  # each request is charged its share of the pass's time
     state.train_metric.record_step({"seq_lens": seq_lens}, counts, plan.loss, elapsed * share, metrics)

@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.model.batching import GradGuard
 from twinkle.model.train_state import TrainState
-from twinkle.module import chunked_token_logps
+from twinkle.module import chunked_token_logps, logps_dtype
 from twinkle.processor import model_inputs
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ def _checked_loss(loss_fn: LossFn, logps: list[torch.Tensor], backward: bool) ->
     return loss, floats
 
 
-def _inner(model: torch.nn.Module) -> Any:
+def _inner(model: Any) -> Any:  # a transformers model, possibly PEFT-wrapped
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
@@ -231,7 +231,8 @@ def _head_logps(
 
 
 def _chunk_logps(head: torch.nn.Module, hidden_CH: torch.Tensor, targets_CK: torch.Tensor) -> torch.Tensor:
-    logits_CV = head(hidden_CH).float()
+    logits_CV = head(hidden_CH)
+    logits_CV = logits_CV.to(logps_dtype(logits_CV.dtype))
     return logits_CV.gather(-1, targets_CK) - torch.logsumexp(logits_CV, dim=-1, keepdim=True)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -22,7 +23,7 @@ from twinkle.processor import model_inputs
 class TokenLogpsResult:
     """``logps_BT[b, t] = log p(labels[b, t] | tokens < t)``, 0 where unlabelled; ``correct_BT`` argmax hits.
 
-    ``logits_BTV`` (float32) only when asked for: it is the large tensor the rest avoids.
+    ``logits_BTV`` (in the log-probs' dtype) only when asked for: it is the large tensor the rest avoids.
     """
 
     logps_BT: torch.Tensor
@@ -50,7 +51,7 @@ def _output_layer_logps(
 
 
 def causal_token_logps(
-    model: torch.nn.Module, batch: Mapping[str, torch.Tensor], chunk_size: int = 4096, return_logits: bool = False
+    model: Any, batch: Mapping[str, torch.Tensor], chunk_size: int = 4096, return_logits: bool = False
 ) -> TokenLogpsResult:
     """Run ``model`` (a transformers causal LM, possibly PEFT-wrapped) on ``batch``."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -63,10 +64,10 @@ def causal_token_logps(
     predictors_BT[:, :-1] = supervised_BT[:, 1:]
     head = inner.get_output_embeddings()
     logps_N, correct_N = _output_layer_logps(head, hidden_BTH[predictors_BT], labels_BT[supervised_BT], chunk_size)
-    logps_BT = torch.zeros(labels_BT.shape, dtype=torch.float32, device=labels_BT.device)
+    logps_BT = torch.zeros(labels_BT.shape, dtype=logps_N.dtype, device=labels_BT.device)
     logps_BT = logps_BT.masked_scatter(supervised_BT, logps_N)
     correct_BT = torch.zeros_like(supervised_BT).masked_scatter(supervised_BT, correct_N)
-    logits_BTV = head(hidden_BTH).float() if return_logits else None
+    logits_BTV = head(hidden_BTH).to(logps_N.dtype) if return_logits else None
     return TokenLogpsResult(logps_BT, correct_BT, supervised_BT, logits_BTV)
 
 

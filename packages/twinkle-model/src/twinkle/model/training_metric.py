@@ -54,11 +54,12 @@ class TrainingMetric(Metric):
         self._lr: float | None = None
         self._loss_metric_sums: dict[str, float] = {}
         self._loss_metric_calls: dict[str, int] = {}
+        self._loss_metric_maxima: dict[str, float] = {}
 
     def accumulate(self, **values: Any) -> None:
         """Keys: ``loss``, ``correct_tokens``, ``supervised_tokens``, ``tokens``, ``seconds``, ``grad_norm``, ``lr``,
-        and ``loss_metrics``: a loss's own scalars (e.g. clip fractions), averaged over calls and
-        reported as ``loss/<name>``."""
+        and ``loss_metrics``: a loss's own scalars (e.g. clip fractions), averaged over calls (maxima, named
+        ``*_max``, by their largest value) and reported as ``loss/<name>``."""
         if "loss" in values:
             self._loss_sum += float(values["loss"])
             self._calls += 1
@@ -71,8 +72,11 @@ class TrainingMetric(Metric):
         if values.get("lr") is not None:
             self._lr = float(values["lr"])
         for name, value in (values.get("loss_metrics") or {}).items():
-            self._loss_metric_sums[name] = self._loss_metric_sums.get(name, 0.0) + float(value)
-            self._loss_metric_calls[name] = self._loss_metric_calls.get(name, 0) + 1
+            if is_maximum(name):
+                self._loss_metric_maxima[name] = max(self._loss_metric_maxima.get(name, -math.inf), float(value))
+            else:
+                self._loss_metric_sums[name] = self._loss_metric_sums.get(name, 0.0) + float(value)
+                self._loss_metric_calls[name] = self._loss_metric_calls.get(name, 0) + 1
 
     def calculate(self) -> dict[str, float]:
         result: dict[str, float] = {}
@@ -91,15 +95,26 @@ class TrainingMetric(Metric):
             result["lr"] = self._lr
         for name, total in self._loss_metric_sums.items():  # namespaced: a loss may report its own "accuracy"
             result[f"loss/{name}"] = total / self._loss_metric_calls[name]
+        for name, largest in self._loss_metric_maxima.items():
+            result[f"loss/{name}"] = largest
         return result
 
 
-def token_weighted_mean(parts: Sequence[tuple[Mapping[str, float], int]]) -> dict[str, float]:
-    """Combine micro-batches' loss metrics, each weighted by its number of supervised tokens."""
+def is_maximum(name: str) -> bool:
+    """A loss metric named ``*_max`` is a maximum: it combines by ``max``, never by averaging."""
+    return name.endswith("_max")
+
+
+def combine_loss_metrics(parts: Sequence[tuple[Mapping[str, float], int]]) -> dict[str, float]:
+    """Combine micro-batches' loss metrics: maxima by ``max``, the others weighted by their supervised tokens."""
     totals: dict[str, float] = {}
     weights: dict[str, int] = {}
+    maxima: dict[str, float] = {}
     for metrics, tokens in parts:
         for name, value in metrics.items():
+            if is_maximum(name):
+                maxima[name] = max(maxima.get(name, -math.inf), float(value))
+                continue
             totals[name] = totals.get(name, 0.0) + float(value) * tokens
             weights[name] = weights.get(name, 0) + tokens
-    return {name: totals[name] / weights[name] for name in totals if weights[name]}
+    return {**{name: totals[name] / weights[name] for name in totals if weights[name]}, **maxima}

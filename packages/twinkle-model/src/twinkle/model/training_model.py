@@ -80,9 +80,11 @@ class TrainingModel(ABC):
         self.parallel = parallelism_for(self.device_mesh, self.device, type(self))
         self.mixed_precision = mixed_precision
         self.logps_chunk_size = logps_chunk_size
-        self.model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
+        # A transformers PreTrainedModel (a PeftModel around it once adapters are added); typed Any
+        # because nn.Module's typing knows neither's methods (generate, save_pretrained, get_base_model...).
+        self.model: Any = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=dtype, attn_implementation=attn_implementation, **from_pretrained_kwargs
-        ).to(self.device)
+        ).to(self.device)  # type: ignore[arg-type]  # transformers wraps .to; mypy does not bind self to it
         self.model.train()
         config = self.model.config
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
@@ -110,10 +112,12 @@ class TrainingModel(ABC):
         """
         self.parallel.check_unwrapped("adding an adapter")
         check_new_adapter(self._states, adapter_name, gradient_accumulation_steps)
-        directory = Path(config_or_dir) if isinstance(config_or_dir, (str, Path)) else None
-        config = (
-            peft_adapters.read_adapter_config(directory) if directory else peft_adapters.as_peft_config(config_or_dir)
-        )
+        directory = None
+        if isinstance(config_or_dir, (str, Path)):
+            directory = Path(config_or_dir)
+            config = peft_adapters.read_adapter_config(directory)
+        else:
+            config = peft_adapters.as_peft_config(config_or_dir)
         with seeded(seed):
             params = self._add_adapter(adapter_name, config, directory)
         self._states[adapter_name] = new_state(adapter_name, params, gradient_accumulation_steps, self.pad_token_id)

@@ -1,6 +1,6 @@
 """Reusable torch building blocks: LR schedulers, optimizers by name, memory-lean log-probs, per-row LoRA."""
 
-from twinkle.module.logps import TokenLogps, chunked_token_logps, token_logps_from_logits
+from twinkle.module.logps import TokenLogps, chunked_token_logps, logps_dtype, token_logps_from_logits
 from twinkle.module.multi_lora import (
     LoraWeights,
     MultiLoraLinear,
@@ -34,6 +34,7 @@ __all__ = [
     "chunked_token_logps",
     "default_scheduler",
     "inject_multi_lora",
+    "logps_dtype",
     "multi_lora_modules",
     "optimizer_class",
     "remove_adapter",

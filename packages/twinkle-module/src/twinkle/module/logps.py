@@ -13,7 +13,7 @@ so prompt tokens cost nothing in the output layer.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -22,16 +22,21 @@ from twinkle.data_format import IGNORE_INDEX
 DEFAULT_MAX_SAVED_BYTES = 4 << 30
 
 
+def logps_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype log-probabilities are computed in: float32 for half-precision logits, else theirs (float64 stays)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 class TokenLogps(NamedTuple):
-    """``logps_N`` (float32, differentiable) and ``correct_N`` (argmax == label, bool)."""
+    """``logps_N`` (float32, or float64 for float64 weights; differentiable) and ``correct_N`` (argmax == label)."""
 
     logps: torch.Tensor
     correct: torch.Tensor
 
 
 def token_logps_from_logits(logits_NV: torch.Tensor, labels_N: torch.Tensor) -> torch.Tensor:
-    """``log softmax(logits)[label]`` per row, in float32; 0 where the label is ignored."""
-    logits_NV = logits_NV.float()
+    """``log softmax(logits)[label]`` per row, in :func:`logps_dtype`; 0 where the label is ignored."""
+    logits_NV = logits_NV.to(logps_dtype(logits_NV.dtype))
     valid_N = labels_N != IGNORE_INDEX
     safe_N = torch.where(valid_N, labels_N, 0)
     picked_N = logits_NV.gather(-1, safe_N.unsqueeze(-1)).squeeze(-1)
@@ -43,13 +48,21 @@ class _ChunkedTokenLogps(torch.autograd.Function):
     """``logps_N = log_softmax(hidden_NH @ weight_VH.T)[labels_N]`` with O(chunk × V) live memory."""
 
     @staticmethod
-    def forward(ctx, hidden_NH, weight_VH, labels_N, chunk_size: int, save_probs: bool):  # type: ignore[override]
-        logps_N = torch.empty(labels_N.shape, dtype=torch.float32, device=hidden_NH.device)
+    def forward(  # type: ignore[override]  # autograd passes forward's own arguments
+        ctx: Any,
+        hidden_NH: torch.Tensor,
+        weight_VH: torch.Tensor,
+        labels_N: torch.Tensor,
+        chunk_size: int,
+        save_probs: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        dtype = logps_dtype(weight_VH.dtype)
+        logps_N = torch.empty(labels_N.shape, dtype=dtype, device=hidden_NH.device)
         correct_N = torch.empty(labels_N.shape, dtype=torch.bool, device=hidden_NH.device)
         saved_probs = []
         for start in range(0, hidden_NH.shape[0], chunk_size):
             end = start + chunk_size
-            logits_CV = (hidden_NH[start:end] @ weight_VH.T).float()
+            logits_CV = (hidden_NH[start:end] @ weight_VH.T).to(dtype)
             logps_N[start:end] = token_logps_from_logits(logits_CV, labels_N[start:end])
             correct_N[start:end] = logits_CV.argmax(-1) == labels_N[start:end]
             if save_probs:
@@ -60,23 +73,24 @@ class _ChunkedTokenLogps(torch.autograd.Function):
         return logps_N, correct_N
 
     @staticmethod
-    def backward(ctx, grad_logps_N, _grad_correct):  # type: ignore[override]
+    def backward(  # type: ignore[override]  # one gradient per output of forward
+        ctx: Any, grad_logps_N: torch.Tensor, _grad_correct: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
         hidden_NH, weight_VH, labels_N = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden_NH) if need_hidden else None
-        grad_weight = (
-            torch.zeros(weight_VH.shape, dtype=torch.float32, device=weight_VH.device) if need_weight else None
-        )
+        dtype = logps_dtype(weight_VH.dtype)
+        grad_weight = torch.zeros(weight_VH.shape, dtype=dtype, device=weight_VH.device) if need_weight else None
         for index, start in enumerate(range(0, hidden_NH.shape[0], ctx.chunk_size)):
             end = start + ctx.chunk_size
             hidden_CH, labels_C = hidden_NH[start:end], labels_N[start:end]
             if ctx.saved_probs:
                 probs_CV = ctx.saved_probs[index]
             else:
-                probs_CV = torch.softmax((hidden_CH @ weight_VH.T).float(), dim=-1)
+                probs_CV = torch.softmax((hidden_CH @ weight_VH.T).to(dtype), dim=-1)
             valid_C = labels_C != IGNORE_INDEX
             # d logp / d logits = onehot(label) - softmax(logits), scaled by the incoming gradient.
-            scale_C = torch.where(valid_C, grad_logps_N[start:end].float(), 0.0)
+            scale_C = torch.where(valid_C, grad_logps_N[start:end].to(dtype), 0.0)
             grad_logits_CV = probs_CV.mul_(-scale_C.unsqueeze(-1))
             rows = valid_C.nonzero(as_tuple=True)[0]
             grad_logits_CV[rows, labels_C[rows]] += scale_C[rows]
@@ -84,7 +98,7 @@ class _ChunkedTokenLogps(torch.autograd.Function):
             if grad_hidden is not None:
                 grad_hidden[start:end] = grad_logits_CV @ weight_VH
             if grad_weight is not None:
-                grad_weight += (grad_logits_CV.T @ hidden_CH).float()
+                grad_weight += (grad_logits_CV.T @ hidden_CH).to(dtype)
         ctx.saved_probs = []
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight_VH.dtype)
@@ -107,6 +121,7 @@ def chunked_token_logps(
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    save_probs = labels_N.numel() * weight_VH.shape[0] * 4 <= max_saved_bytes
+    itemsize = torch.empty((), dtype=logps_dtype(weight_VH.dtype)).element_size()
+    save_probs = labels_N.numel() * weight_VH.shape[0] * itemsize <= max_saved_bytes
     logps_N, correct_N = _ChunkedTokenLogps.apply(hidden_NH, weight_VH, labels_N, chunk_size, save_probs)
     return TokenLogps(logps_N, correct_N)

@@ -85,8 +85,8 @@ class MultiLoraLinear(nn.Module):
                 f"adapter {name!r}: A must be [rank, {self.in_features}] and B [{self.out_features}, rank], "
                 f"got A {list(A_RI.shape)} and B {list(B_OR.shape)}"
             )
-        like = {"device": self.weight.device, "dtype": self.weight.dtype}
-        return LoraWeights(A_RI.to(**like), B_OR.to(**like), float(scaling), float(dropout))
+        device, dtype = self.weight.device, self.weight.dtype
+        return LoraWeights(A_RI.to(device, dtype), B_OR.to(device, dtype), float(scaling), float(dropout))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = nn.functional.linear(x, self.weight, self.bias)

@@ -28,12 +28,13 @@ def optimizer_class(spec: str | type[torch.optim.Optimizer]) -> type[torch.optim
     if isinstance(candidate, type) and issubclass(candidate, torch.optim.Optimizer):
         return candidate
     try:
-        return get_registry("optimizer").get(name)
+        registered: type[torch.optim.Optimizer] = get_registry("optimizer").get(name)
     except ComponentNotFoundError:
         known = sorted(n for n in dir(torch.optim) if isinstance(getattr(torch.optim, n), type) and n[0].isupper())
         raise ComponentNotFoundError(
             f"unknown optimizer {spec!r}; use a torch.optim name ({', '.join(known)}) or a registered optimizer"
         ) from None
+    return registered
 
 
 def build_optimizer(

@@ -66,8 +66,13 @@ def _read_yaml(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _default(field: dataclasses.Field) -> Any:
-    return field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
+def _default(field: dataclasses.Field[Any]) -> Any:
+    """A config field's default (every recipe option has one)."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if callable(field.default_factory):
+        return field.default_factory()
+    raise TypeError(f"recipe option {field.name} has no default")
 
 
 def _numeric(value: Any, default: Any, name: str) -> Any:

@@ -95,22 +95,38 @@ class Sampler(ABC):
         sampling_params: SamplingParams | None = None,
         adapter_name: AdapterSpec = None,
         num_samples: int | None = None,
+        use_base_model: bool = False,
     ) -> SampleResponse:
         """Sample ``num_samples`` completions per input (default ``sampling_params.num_samples``), prompt-major.
 
-        ``adapter_name`` is one adapter for every input, ``None`` for the base
-        model, or a list with one entry per input. Each sequence has its tokens,
-        raw log-probs (see :mod:`twinkle.sampler.token_sampling`), text, stop
-        reason and ``new_input_feature``: prompt + completion, labelled on the
-        completion, carrying the conversation (ending with the completion) and
-        ``user_data`` for rewards.
+        Which weights sample:
+
+        - ``adapter_name='name'``: that LoRA adapter, for every input; a list
+          gives one entry per input, ``None`` entries meaning the base model;
+        - omitted: the sampler's **only** adapter (the one
+          ``CheckpointEngineManager.sync_weights`` put there), the base model
+          when it serves none, and an error naming them when it serves several;
+        - ``use_base_model=True``: the bare base model, whatever adapters it serves.
+
+        The response is prompt-major: inputs with the same prompt token ids and
+        adapter form one group, so ``sample(prompts * G)`` lists each prompt's
+        ``G`` completions together exactly as ``sample(prompts, num_samples=G)``
+        does, and ``GRPOAdvantage(...)(rewards, num_generations=G)`` groups them
+        right. Groups come in order of first appearance; ``sequence.input_index``
+        maps each completion back to its input.
+
+        Each sequence has its tokens, raw log-probs (see
+        :mod:`twinkle.sampler.token_sampling`), text, stop reason and
+        ``new_input_feature``: prompt + completion, labelled on the completion,
+        carrying the conversation (ending with the completion) and ``user_data``
+        for rewards.
         """
         params = sampling_params if sampling_params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidInputError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         if num_samples is not None:
             params = dataclasses.replace(params, num_samples=num_samples)  # validates it
-        prompts = self._prompts(inputs, adapter_name)
+        prompts = self._prompts(inputs, adapter_name, use_base_model)
         stop = self._stop_criteria(params)
         self._check_lengths(prompts, params)
         generation = self._generate(prompts, params, stop)
@@ -118,13 +134,14 @@ class Sampler(ABC):
 
     @abstractmethod
     def _generate(self, prompts: list[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
-        """Generate ``params.num_samples`` completions per prompt, prompt-major."""
+        """Generate ``params.num_samples`` consecutive completions per prompt, prompts in input order."""
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The text a user sees for ``token_ids`` (special tokens such as end-of-turn left out)."""
         if self.template is not None:
             return self.template.decode(token_ids, skip_special_tokens=True)
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        # one sequence of ids decodes to one str (the stub's list[str] is for a batch)
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)  # type: ignore[return-value]
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -136,14 +153,14 @@ class Sampler(ABC):
 
     # ------------------------------------------------------------------ input checks
 
-    def _prompts(self, inputs: Any, adapter_name: AdapterSpec) -> list[Prompt]:
+    def _prompts(self, inputs: Any, adapter_name: AdapterSpec, use_base_model: bool) -> list[Prompt]:
         if isinstance(inputs, Mapping):
             inputs = [inputs]
         if not isinstance(inputs, Sequence) or isinstance(inputs, (str, bytes)):
             raise InvalidInputError(f"inputs must be a list of InputFeature or Trajectory dicts, got {inputs!r:.80}")
         if not inputs:
             raise InvalidInputError("inputs is empty: pass at least one prompt")
-        adapters = self._adapters(adapter_name, len(inputs))
+        adapters = self._adapters(adapter_name, len(inputs), use_base_model)
         prompts = []
         for index, item in enumerate(inputs):
             feature = self._encode(item, index)
@@ -161,8 +178,19 @@ class Sampler(ABC):
             item = encoded
         return validate_input_feature(item, where=where, vocab_size=self.vocab_size)
 
-    def _adapters(self, adapter_name: AdapterSpec, count: int) -> list[str | None]:
-        names = [adapter_name] * count if adapter_name is None or isinstance(adapter_name, str) else adapter_name
+    def _adapters(self, adapter_name: AdapterSpec, count: int, use_base_model: bool) -> list[str | None]:
+        """The adapter of every input (``None``: the base model); see :meth:`sample`."""
+        if not isinstance(use_base_model, bool):
+            raise InvalidInputError(f"use_base_model must be True or False, got {use_base_model!r}")
+        if use_base_model:
+            if adapter_name is not None:
+                raise InvalidInputError(
+                    f"use_base_model=True samples without any adapter: do not also pass adapter_name={adapter_name!r}"
+                )
+            return [None] * count
+        if adapter_name is None:
+            return [self._default_adapter()] * count
+        names = [adapter_name] * count if isinstance(adapter_name, str) else adapter_name
         if not isinstance(names, Sequence) or len(names) != count:
             raise InvalidInputError(
                 f"adapter_name must be a name, None, or a list with one entry per input ({count}), got {adapter_name!r}"
@@ -174,6 +202,16 @@ class Sampler(ABC):
                     f"unknown adapter {name!r} (inputs[{index}]); adapters: {sorted(known)}. Add it with add_adapter"
                 )
         return list(names)
+
+    def _default_adapter(self) -> str | None:
+        """What a sample without ``adapter_name`` uses: the only adapter served, else the base model."""
+        served = self.adapter_names
+        if len(served) > 1:
+            raise InvalidInputError(
+                f"this sampler serves several adapters {served}: pass adapter_name=<one of them> (or a list, one "
+                "per input), or use_base_model=True for the base model"
+            )
+        return served[0] if served else None
 
     def _check_lengths(self, prompts: list[Prompt], params: SamplingParams) -> None:
         for index, prompt in enumerate(prompts):

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel
 
 from twinkle.data_format import SamplingParams
 from twinkle.module import adapter_rows, multi_lora_modules
@@ -63,7 +63,7 @@ class _Rows:
 class Decoder:
     """Runs one :class:`twinkle.sampler.TorchSampler` request over its model."""
 
-    def __init__(self, model: torch.nn.Module, pad_token_id: int, generator: torch.Generator | None) -> None:
+    def __init__(self, model: PreTrainedModel, pad_token_id: int, generator: torch.Generator | None) -> None:
         self.model = model
         self.decoder = model.get_decoder()
         self.head = model.get_output_embeddings()
@@ -72,9 +72,9 @@ class Decoder:
         self.has_adapters = bool(multi_lora_modules(model))
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
-        """``params.num_samples`` completions per prompt, prompt-major."""
+        """``params.num_samples`` consecutive completions per prompt, prompts in input order."""
         distinct: dict[tuple[tuple[int, ...], str | None], int] = {}
-        source = [distinct.setdefault((tuple(p.input_ids), p.adapter), len(distinct)) for p in prompts]
+        source = [distinct.setdefault(p.group_key, len(distinct)) for p in prompts]
         ids_UL, mask_UL = self._left_pad([list(ids) for ids, _ in distinct])
         cache = DynamicCache(config=self.model.config)
         hidden_ULH = self._forward(ids_UL, mask_UL, self._positions(mask_UL), [a for _, a in distinct], cache)
@@ -129,14 +129,15 @@ class Decoder:
         """Append the step's tokens to their completions; return the batch positions that go on."""
         tokens = chosen.tokens_B.tolist()
         logprobs = None if chosen.logprobs_B is None else chosen.logprobs_B.tolist()
-        topk = None if chosen.topk_ids_BK is None else topk_pairs(chosen.topk_ids_BK, chosen.topk_logprobs_BK)
+        ids_BK, topk_logprobs_BK = chosen.topk_ids_BK, chosen.topk_logprobs_BK
+        topk = None if ids_BK is None or topk_logprobs_BK is None else topk_pairs(ids_BK, topk_logprobs_BK)
         keep = []
         for position, index in enumerate(rows.completions):
             completion = completions[index]
             completion.tokens.append(tokens[position])
-            if logprobs is not None:
+            if logprobs is not None and completion.logprobs is not None:  # both or neither, by request
                 completion.logprobs.append(logprobs[position])
-            if topk is not None:
+            if topk is not None and completion.topk_logprobs is not None:
                 completion.topk_logprobs.append(topk[position])
             if tokens[position] in stop.stop_ids or stop.ends_with_stop_string(completion.tokens):
                 completion.stop_reason = "stop"

@@ -31,6 +31,11 @@ class Prompt:
     adapter: str | None
     feature: InputFeature
 
+    @property
+    def group_key(self) -> tuple[tuple[int, ...], str | None]:
+        """Inputs with equal keys are the same prompt: one prefill, and one group of completions in the response."""
+        return tuple(self.input_ids), self.adapter
+
 
 @dataclass
 class Completion:
@@ -44,30 +49,48 @@ class Completion:
 
 @dataclass
 class Generation:
-    """A back-end's answer: completions prompt-major (``num_samples`` per prompt), optional prompt log-probs."""
+    """A back-end's answer: ``num_samples`` consecutive completions per prompt in input order, prompt log-probs."""
 
     completions: list[Completion]
     prompt_logprobs: list[list[float | None]] | None = None
     topk_prompt_logprobs: list[list[TopK | None]] | None = None
 
 
+def prompt_major(prompts: list[Prompt]) -> list[int]:
+    """Input indices in response order: identical prompts together, in order of first appearance.
+
+    ``[p0, p1, p0, p1]`` gives ``[0, 2, 1, 3]``, so ``sample(prompts * G)`` lists
+    each prompt's completions together, as ``sample(prompts, num_samples=G)`` does.
+    """
+    groups: dict[tuple[tuple[int, ...], str | None], list[int]] = {}
+    for index, prompt in enumerate(prompts):
+        groups.setdefault(prompt.group_key, []).append(index)
+    return [index for members in groups.values() for index in members]
+
+
 def build_response(prompts: list[Prompt], generation: Generation, stop: StopCriteria) -> SampleResponse:
-    """Attach text, the conversation and a ready-to-train feature to every completion."""
+    """Attach text, the conversation and a ready-to-train feature to every completion, in :func:`prompt_major` order.
+
+    ``generation`` holds ``num_samples`` completions per input in input order;
+    each sequence records the input it answers (``input_index``).
+    """
     num_samples = len(generation.completions) // len(prompts)
     sequences = []
-    for index, completion in enumerate(generation.completions):
-        prompt = prompts[index // num_samples]
-        text = stop.visible_text(completion.tokens)
-        sequences.append(
-            SampledSequence(
-                tokens=completion.tokens,
-                stop_reason=completion.stop_reason,
-                logprobs=completion.logprobs,
-                topk_logprobs=completion.topk_logprobs,
-                decoded=text,
-                new_input_feature=_training_feature(prompt, completion.tokens, text),
+    for input_index in prompt_major(prompts):
+        prompt = prompts[input_index]
+        for completion in generation.completions[input_index * num_samples : (input_index + 1) * num_samples]:
+            text = stop.visible_text(completion.tokens)
+            sequences.append(
+                SampledSequence(
+                    tokens=completion.tokens,
+                    stop_reason=completion.stop_reason,
+                    logprobs=completion.logprobs,
+                    topk_logprobs=completion.topk_logprobs,
+                    decoded=text,
+                    new_input_feature=_training_feature(prompt, completion.tokens, text),
+                    input_index=input_index,
+                )
             )
-        )
     return SampleResponse(
         sequences=sequences,
         prompt_token_ids=[prompt.input_ids for prompt in prompts],

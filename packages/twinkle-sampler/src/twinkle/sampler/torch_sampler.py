@@ -51,9 +51,10 @@ class TorchSampler(Sampler):
         super().__init__(resolve_model(model_id))
         self.device_mesh = device_mesh
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
+        # A transformers PreTrainedModel; typed Any because nn.Module's typing knows none of its methods.
+        self.model: Any = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=dtype, attn_implementation=attn_implementation, **from_pretrained_kwargs
-        ).to(self.device)
+        ).to(self.device)  # type: ignore[arg-type]  # transformers wraps .to; mypy does not bind self to it
         self.model.eval().requires_grad_(False)
         pad = self.model.config.pad_token_id
         self.pad_token_id = pad if pad is not None else self.tokenizer.pad_token_id or 0

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from twinkle.data_format import SamplingParams
+from twinkle.data_format.sampling import StopReason
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.hub import resolve_model
 from twinkle.infra import DeviceMesh, remote_class
@@ -170,7 +171,7 @@ def _vllm_params(params: SamplingParams, stop: StopCriteria) -> Any:
 def _completion(sample: Any, with_logprobs: bool, k: int) -> Completion:
     """One vLLM ``CompletionOutput``: per position, a dict ``{token_id: Logprob}`` holding the sampled token."""
     tokens = list(sample.token_ids)
-    reason = sample.finish_reason if sample.finish_reason in ("stop", "length") else "abort"
+    reason: StopReason = sample.finish_reason if sample.finish_reason in ("stop", "length") else "abort"
     completion = Completion(tokens, reason)
     if with_logprobs:
         completion.logprobs = [position[token].logprob for token, position in zip(tokens, sample.logprobs, strict=True)]

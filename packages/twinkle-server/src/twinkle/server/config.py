@@ -49,8 +49,9 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     state_dir: Path = Path(DEFAULT_STATE_DIR)
-    database: Path | None = None
-    checkpoint_dir: Path | None = None
+    # Both always hold a Path after __post_init__ (None means the default inside state_dir).
+    database: Path = None  # type: ignore[assignment]
+    checkpoint_dir: Path = None  # type: ignore[assignment]
     max_loras: int = 8
     max_rank: int = 64
     # Token budget of one shared training pass: the scheduler batches tenants' forward_backward calls
@@ -78,7 +79,7 @@ class ServerConfig:
     def quotas_for(self, user: str) -> Quotas:
         """The server-wide defaults with ``user``'s overrides applied; a rank quota never exceeds ``max_rank``."""
         overrides = self.users[user].quotas if user in self.users else {}
-        limits = dataclasses.replace(self.quotas, **overrides)
+        limits = dataclasses.replace(self.quotas, **overrides)  # type: ignore[arg-type]  # typed per field on load
         return dataclasses.replace(limits, max_rank=min(limits.max_rank, self.max_rank))
 
     def api_keys(self) -> dict[str, list[str]]:

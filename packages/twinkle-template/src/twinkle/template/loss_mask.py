@@ -18,11 +18,11 @@ from typing import Any
 
 from twinkle.template.errors import TemplateError
 
-RenderPrompt = Callable[[list[Mapping[str, Any]]], str]
+RenderPrompt = Callable[[list[dict[str, Any]]], str]  # chat templates take a list of dicts
 
 
 def assistant_token_mask(
-    messages: Sequence[Mapping[str, Any]],
+    messages: Sequence[dict[str, Any]],
     text: str,
     token_ids: Sequence[int],
     offsets: Sequence[tuple[int, int]],
@@ -57,7 +57,7 @@ def assistant_token_mask(
 
 
 def _turn_start(
-    index: int, messages: Sequence[Mapping[str, Any]], text: str, render_prompt: RenderPrompt, names: Sequence[str]
+    index: int, messages: Sequence[dict[str, Any]], text: str, render_prompt: RenderPrompt, names: Sequence[str]
 ) -> int:
     if index == 0:
         raise TemplateError(

@@ -111,7 +111,8 @@ class Template:
 
     @property
     def eos_token_id(self) -> int | None:
-        return self._tokenizer.eos_token_id
+        eos: int | None = self._tokenizer.eos_token_id
+        return eos
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -175,13 +176,14 @@ class Template:
         return [self.encode(trajectory, add_generation_prompt) for trajectory in trajectories]
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        # one sequence of ids decodes to one str (the stub's list[str] is for a batch)
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)  # type: ignore[return-value]
 
     def batch_decode(self, batch_token_ids: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
         return [self.decode(token_ids, skip_special_tokens) for token_ids in batch_token_ids]
 
     def _encode_conversation(
-        self, messages: list[Mapping[str, Any]], tools: list[Any] | None, where: str, extra: dict[str, Any]
+        self, messages: Sequence[Mapping[str, Any]], tools: list[Any] | None, where: str, extra: dict[str, Any]
     ) -> InputFeature | None:
         chat, names = self._chat(messages, where)
         text = self._render(chat, tools, add_generation_prompt=False)
@@ -203,7 +205,7 @@ class Template:
         return None if kept is None else make_input_feature(kept[0], kept[1], **extra)
 
     def _encode_prompt(
-        self, messages: list[Mapping[str, Any]], tools: list[Any] | None, extra: dict[str, Any]
+        self, messages: Sequence[Mapping[str, Any]], tools: list[Any] | None, extra: dict[str, Any]
     ) -> InputFeature | None:
         end = len(messages)
         while end and messages[end - 1]["role"] == "assistant":
@@ -228,7 +230,8 @@ class Template:
 
     def _render(self, chat: list[dict[str, Any]], tools: list[Any] | None, add_generation_prompt: bool) -> str:
         try:
-            return self._tokenizer.apply_chat_template(
+            # tokenize=False renders the text: a str (the stub's return type covers every mode)
+            return self._tokenizer.apply_chat_template(  # type: ignore[return-value]
                 chat,
                 tools=tools,
                 chat_template=self._chat_template,

@@ -20,8 +20,28 @@ from twinkle.infra.ray.placement import GroupPlacement
 from twinkle.infra.ray.proxy import LazyResult
 from twinkle.infra.ray.worker import ComponentWorker, WorkerSetup
 from twinkle.infra.runtime import Runtime
+from twinkle.utils.logging import get_logger
 
+logger = get_logger(__name__)
 _WorkerActor = ray.remote(ComponentWorker)
+# Lazy calls of every component that nobody has resolved yet, kept beyond their component's proxy: the driver
+# waits for them before its Ray stops, so that a script's last ``model.save(...)`` is not cut off at exit.
+_unresolved: list[LazyResult] = []
+
+
+def wait_for_unresolved_calls() -> list[Exception]:
+    """Wait for every lazy call nobody has resolved and log each failure; the failures, in call order."""
+    errors = []
+    while _unresolved:
+        future = _unresolved.pop(0)
+        if future.resolved:
+            continue
+        try:
+            future.result()
+        except Exception as error:
+            logger.error("a lazy call failed, and nobody looked at its result: %s", error)
+            errors.append(error)
+    return errors
 
 
 class RemoteComponent:
@@ -49,7 +69,8 @@ class RemoteComponent:
         self.lazy_collect = runtime.lazy_collect
         self.ranks = worker_ranks(device_mesh)
         placement.check_mesh(cls.__name__, device_mesh)
-        self.workers = [
+        # Actor handles as Any: Ray's ActorHandle typing does not model ``handle.method.remote(...)``.
+        self.workers: list[Any] = [
             _WorkerActor.options(**placement.actor_options(rank)).remote(
                 WorkerSetup(
                     cls.__name__,
@@ -92,6 +113,8 @@ class RemoteComponent:
         if not self.lazy_collect:
             return future.result()
         self._pending.append((refs, future))
+        _unresolved[:] = [f for f in _unresolved if not f.resolved]
+        _unresolved.append(future)
         return future
 
     def read(self, name: str) -> Any:
@@ -99,10 +122,11 @@ class RemoteComponent:
         self._check_built()
         return self._wait([self.workers[0].read.remote(name)], name)[0]
 
-    def put(self, fn: Callable[[Any], Any], what: str) -> ray.ObjectRef:
+    def put(self, fn: Callable[[Any], Any], what: str) -> ray.ObjectRef[Any]:
         """``fn(component)`` run in the first worker and kept in the object store there; returns its reference."""
         self._check_built()
-        return self._wait([self.workers[0].put.remote(fn)], what)[0][0]
+        ref: ray.ObjectRef[Any] = self._wait([self.workers[0].put.remote(fn)], what)[0][0]
+        return ref
 
     def apply(self, fn: Callable[[Any, Any], Any], value: Any, what: str) -> None:
         """``fn(component, value)`` on every worker; each fetches an ObjectRef ``value`` from the object store."""
@@ -153,7 +177,7 @@ def remote_error(error: RayTaskError, where: str) -> BaseException:
 
     Raise it ``from error``: the chained ``RayTaskError`` carries the worker's traceback.
     """
-    cause = error.cause
+    cause: BaseException = error.cause
     if isinstance(cause, RayError):  # the original exception could not be pickled
         return RuntimeError(f"{where}: {error}")
     if cause.args and isinstance(cause.args[0], str):

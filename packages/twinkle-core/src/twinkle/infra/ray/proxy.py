@@ -110,6 +110,11 @@ class LazyResult:
         self._value: Any = None
         self._error: Exception | None = None
 
+    @property
+    def resolved(self) -> bool:
+        """Whether :meth:`result` has been asked for (its value or exception is then kept)."""
+        return self._done
+
     def result(self) -> Any:
         """Wait for the call and return its collected value; raise the worker's exception (every time)."""
         if not self._done:

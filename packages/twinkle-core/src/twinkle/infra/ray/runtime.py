@@ -11,9 +11,11 @@ stay in the driver. ``twinkle.infra.shutdown()`` stops what was started.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
 import os
+import sys
 import weakref
 from dataclasses import InitVar, dataclass, field
 from types import ModuleType
@@ -65,23 +67,26 @@ class RayRuntime(Runtime):
     _placements: dict[str, GroupPlacement] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self, nproc_per_node: int | None) -> None:
+        global _connected_here
         ray = _import_ray()
         import twinkle.infra as infra
 
         previous = infra._runtime
         if isinstance(previous, RayRuntime):
             previous.release()  # re-initialising replaces the run: its actors and reserved devices go
-        if ray.is_initialized():
-            return  # joined earlier (a previous initialize, or the user's own ray.init)
-        global _connected_here
-        address = self.address or os.environ.get("RAY_ADDRESS")
-        if address:
-            ray.init(address=address, logging_level=logging.WARNING)
-        else:
-            _start_local_ray(ray, self.num_cpus, self.num_gpus)
-        _connected_here = True
+        if not ray.is_initialized():  # else joined earlier (a previous initialize, or the user's own ray.init)
+            address = self.address or os.environ.get("RAY_ADDRESS")
+            if address:
+                ray.init(address=address, logging_level=logging.WARNING)
+            else:
+                _start_local_ray(ray, self.num_cpus, self.num_gpus)
+            _connected_here = True
+        # atexit runs its handlers last-registered first: registered after ray.init's own, this one runs while
+        # Ray is still up, and lets the calls a script never waited for finish before Ray stops its actors.
+        atexit.unregister(_wait_for_unresolved_calls)
+        atexit.register(_wait_for_unresolved_calls)
 
-    def instantiate(self, cls: type, args: tuple, kwargs: dict[str, Any], remote_group: str | None) -> Any:
+    def instantiate(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], remote_group: str | None) -> Any:
         """An :class:`ActorProxy` for a component with a ``remote_group``; ``None`` (build here) without."""
         if remote_group is None:
             return None
@@ -116,7 +121,9 @@ class RayRuntime(Runtime):
         return "\n".join(lines)
 
     def release(self) -> None:
-        """Remove this run's placement groups, which stops its actors; the Ray session stays."""
+        """Wait for unresolved lazy calls, then remove this run's placement groups (which stops its actors);
+        the Ray session stays."""
+        _wait_for_unresolved_calls()
         for placement in self._placements.values():
             placement.remove()
         self._placements.clear()
@@ -139,6 +146,13 @@ class RayRuntime(Runtime):
         return self._placements[group]
 
 
+def _wait_for_unresolved_calls() -> None:
+    """Let every lazy call finish (logging failures) while Ray still runs; nothing to do before any actor exists."""
+    actors = sys.modules.get("twinkle.infra.ray.actors")
+    if actors is not None and sys.modules["ray"].is_initialized():
+        actors.wait_for_unresolved_calls()
+
+
 def _import_ray() -> ModuleType:
     try:
         return importlib.import_module("ray")
@@ -153,7 +167,8 @@ def _start_local_ray(ray: ModuleType, num_cpus: int | None, num_gpus: int | None
     other nodes could join) and its servers listen there, unless cluster
     support is off, as it is on macOS and Windows: turn it off while starting.
     """
-    constants = importlib.import_module("ray._private.ray_constants")
+    from ray._private import ray_constants as constants
+
     cluster_support = constants.ENABLE_RAY_CLUSTER
     constants.ENABLE_RAY_CLUSTER = False
     try:

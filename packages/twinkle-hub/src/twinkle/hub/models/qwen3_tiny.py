@@ -71,10 +71,11 @@ def qwen3_weights(config: Qwen3Config, seed: int = WEIGHT_SEED) -> dict[str, np.
     rng = np.random.default_rng(seed)
     hidden, head_dim = config.hidden_size, config.head_dim
     q_width = config.num_attention_heads * head_dim
-    kv_width = config.num_key_value_heads * head_dim
+    kv_width = (config.num_key_value_heads or config.num_attention_heads) * head_dim  # None means one per head
 
     def normal(*shape: int, std: float = INIT_STD) -> np.ndarray:
-        return rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+        values: np.ndarray = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+        return values
 
     def ones(size: int) -> np.ndarray:
         return np.ones(size, dtype=np.float32)

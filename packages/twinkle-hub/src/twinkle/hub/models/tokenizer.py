@@ -64,14 +64,14 @@ def qwen_vocab_file() -> Path:
 
 def build_tokenizer(target: Path) -> None:
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` (with the chat template) into ``target``."""
-    from transformers import Qwen2TokenizerFast
+    from transformers import Qwen2Tokenizer  # the tokenizers-backed class (Qwen2TokenizerFast is its alias)
 
-    tokenizer = Qwen2TokenizerFast(
+    tokenizer = Qwen2Tokenizer(
         tokenizer_object=_qwen3_backend(),
         bos_token=None,
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
-        unk_token=None,
+        unk_token=None,  # type: ignore[arg-type]  # Qwen has no unknown token (the class default would add one)
         model_max_length=MODEL_MAX_LENGTH,
         padding_side="right",
         chat_template=QWEN3_CHAT_TEMPLATE,
@@ -86,7 +86,7 @@ def _qwen3_backend() -> Tokenizer:
     from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    backend = TikTokenConverter(vocab_file=str(qwen_vocab_file()), pattern=PAT_STR).tokenizer()
+    backend: Tokenizer = TikTokenConverter(vocab_file=str(qwen_vocab_file()), pattern=PAT_STR).tokenizer()
     if backend.get_vocab_size() != BPE_VOCAB_SIZE:
         raise TwinkleError(
             f"{qwen_vocab_file()} holds {backend.get_vocab_size()} BPE ranks, expected {BPE_VOCAB_SIZE} "

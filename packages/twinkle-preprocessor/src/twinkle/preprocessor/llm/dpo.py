@@ -36,7 +36,7 @@ class DPOProcessor(Preprocessor):
                 f"{type(self).__name__}: columns 'chosen' and 'rejected' give the same conversation; "
                 "a preference pair needs two different answers"
             )
-        return {"messages": chosen, "rejected_messages": rejected}  # type: ignore[typeddict-unknown-key]
+        return {"messages": chosen, "rejected_messages": rejected}
 
     def _prompt(self, row: Mapping[str, Any]) -> list[Message] | None:
         value = row.get("prompt")

@@ -1,6 +1,6 @@
 """Running a tenant's in-process API call on its run: checks, the job, and what the result becomes.
 
-Short calls (``set_*``, ``zero_grad``, ``lr_step``, ``calculate_metric``) are
+Short calls (``set_*``, ``update_optimizer``, ``zero_grad``, ``lr_step``, ``calculate_metric``) are
 answered directly; long ones get a future. Every call goes through the
 scheduler on the run's own queue, so a tenant's calls run in order and never
 overlap a shared pass.
@@ -134,6 +134,8 @@ def _prepare(state: ServerState, user: str, run_id: str, method: str, kwargs: di
             raise InvalidInputError(f"{method}: {forbidden!r} cannot be set remotely; the server decides it")
     if method == "save":
         name = kwargs.get("name")
+        if not isinstance(name, str):
+            raise InvalidInputError(f"save needs a checkpoint name (a string), got {name!r}")
         safe_child(state.config.checkpoint_dir, user, run_id, name)  # refuses traversal before anything runs
         if name == SAMPLER_WEIGHTS_DIR:
             raise InvalidInputError(f"the checkpoint name {name!r} is reserved for sampler weights saved over Tinker")

@@ -84,6 +84,7 @@ async def get_future(future_id: str, request: Request, wait: float = 0.0) -> Res
     if future.method.startswith(TINKER_METHOD_PREFIX):
         raise InvalidInputError(f"{future_id!r} is a Tinker request; poll it with POST /api/v1/retrieve_future")
     if future.status == "done":
+        assert future.result is not None  # a done future holds its result
         return reply(request, {"status": "done", "result": wire.decode(future.result)})
     if future.status == "failed":
         return reply(request, {"status": "failed", "error": future.error})

@@ -49,6 +49,8 @@ class ServerState:
         if config.ray:
             from twinkle.server.services.serve.engine import ServeEngine  # imports Ray only when asked for
 
+            engine: Engine
+
             def on_lost(user: str, run_id: str) -> None:
                 store.set_resident(user, run_id, False)
 

@@ -72,7 +72,7 @@ class DataHandles:
         source = self._owned(self._datasets, body.get("dataset"), user, "dataset")[1]
         loader = DataLoader(
             dataset=source,
-            batch_size=body.get("batch_size"),
+            batch_size=body.get("batch_size"),  # type: ignore[arg-type]  # DataLoader validates the request's value
             min_batch_size=body.get("min_batch_size"),
             shuffle=bool(body.get("shuffle", False)),
             seed=body.get("seed", 42),
@@ -124,9 +124,10 @@ class DataHandles:
             kwargs["model_id"] = self.model_id
         return build(kind, name, **kwargs)
 
-    def _owned(self, table: dict[str, Any], handle: str, user: str, what: str) -> Any:
+    def _owned(self, table: dict[str, Any], handle: object, user: str, what: str) -> Any:
+        """The caller's entry of ``table`` under ``handle`` (from a request body: any JSON value)."""
         with self._lock:
-            entry = table.get(handle)
+            entry = table.get(handle) if isinstance(handle, str) else None
         if entry is None or _owner(entry) != user:
             raise ResourceNotFoundError(f"no {what} {handle!r}")
         return entry

@@ -27,7 +27,7 @@ class Futures:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._waiters: dict[str, list[Callable[[], None]]] = {}  # in-flight future id -> its pollers' wake-ups
+        self._waiters: dict[str, list[Callable[[], object]]] = {}  # in-flight future id -> its pollers' wake-ups
         self._lock = threading.Lock()
 
     def create(self, user: str, method: str, run_id: str | None, idempotency_key: str | None) -> tuple[Future, bool]:

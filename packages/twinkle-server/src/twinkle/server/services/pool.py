@@ -29,8 +29,8 @@ from twinkle.server.services.components import check_component_name
 
 # The in-process API a tenant may call on its run, by how long it takes (short ones are answered directly).
 SHORT_METHODS = frozenset(
-    {"set_optimizer", "set_lr_scheduler", "set_loss", "set_template", "set_processor", "zero_grad", "lr_step",
-     "calculate_metric"}
+    {"set_optimizer", "set_lr_scheduler", "set_loss", "set_template", "set_processor", "update_optimizer",
+     "zero_grad", "lr_step", "calculate_metric"}
 )  # fmt: skip
 LONG_METHODS = frozenset(
     {"forward", "forward_only", "calculate_loss", "backward", "forward_backward", "step", "clip_grad_norm",
@@ -126,7 +126,9 @@ class ModelPool:
             sampling_params = SamplingParams.from_dict(dict(sampling_params))
         sampler, adapter = self._sampler_for(run_id, base_path)
         sampler.set_template(self.template(template, sampler.model_path))
-        return sampler.sample(inputs, sampling_params, adapter_name=adapter, num_samples=num_samples)
+        return sampler.sample(
+            inputs, sampling_params, adapter_name=adapter, num_samples=num_samples, use_base_model=adapter is None
+        )
 
     def snapshot_adapter(self, run_id: str, name: str) -> None:
         """Serve the run's current LoRA weights as sampler adapter ``name``: later training does not change it."""
@@ -145,8 +147,9 @@ class ModelPool:
             sampler.remove_adapter(name)
 
     def sample_adapter(self, adapter: str | None, inputs: Any, sampling_params: SamplingParams) -> SampleResponse:
-        """Sample with sampler adapter ``adapter`` as it is (no sync), or with the base model."""
-        return self._sampler(self.model_path).sample(inputs, sampling_params, adapter_name=adapter)
+        """Sample with sampler adapter ``adapter`` as it is (no sync), or with the base model (``None``)."""
+        sampler = self._sampler(self.model_path)  # it serves many runs' adapters: the base must be asked for
+        return sampler.sample(inputs, sampling_params, adapter_name=adapter, use_base_model=adapter is None)
 
     def template(self, spec: Mapping[str, Any] | None, model_path: str | None = None) -> Any:
         """A registered template from ``{"name", "kwargs"}`` for ``model_path`` (default: the base model's)."""
@@ -155,7 +158,7 @@ class ModelPool:
     def _sampler_for(self, run_id: str | None, base_path: str | None) -> tuple[TorchSampler, str | None]:
         """The sampler holding the right base weights, synced with the run; and the adapter to sample with."""
         private = self._private.get(run_id) if run_id is not None else None
-        if private is not None and not private.adapter_names:  # full-parameter run: all weights move
+        if run_id is not None and private is not None and not private.adapter_names:  # full-parameter: all weights
             sampler = self._sampler(run_id, private.model_path)
             CheckpointEngineManager(private, sampler).sync_weights(merge_and_sync=True)
             return sampler, None

@@ -116,7 +116,8 @@ class Scheduler:
         head = self._queues[key][0]
         if head.shared is None or self.max_tokens_per_pass == 0:  # 0: tenants never share a pass
             return [self._pop(key)]
-        batch, tokens = [], 0
+        batch: list[Job] = []
+        tokens = 0
         for other in list(self._turn):
             job = self._queues[other][0]
             if job.shared is None or (batch and tokens + job.tokens > self.max_tokens_per_pass):

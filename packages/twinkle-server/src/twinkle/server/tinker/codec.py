@@ -36,7 +36,7 @@ _PROTO_DTYPES: dict[int, np.dtype] = {
     pb.DTYPE_INT32: np.dtype("<i4"),
     pb.DTYPE_BFLOAT16: np.dtype("<u2"),  # raw bits, widened to float32 after reading
 }
-_JSON_DTYPES = {"float32": np.dtype(np.float32), "int64": np.dtype(np.int64)}
+_JSON_DTYPES: dict[str, np.dtype[Any]] = {"float32": np.dtype(np.float32), "int64": np.dtype(np.int64)}
 # The SDK's dtype for a plain list under these keys (tinker/types/datum.py).
 _JSON_KEY_DTYPES = {"target_tokens": "int64"}
 _TEXT_ONLY = "this server serves text-only models (only encoded_text chunks are supported)"
@@ -69,7 +69,7 @@ class SampledSeq:
     tokens: list[int]
     logprobs: list[float] | None = None
     stop_reason: Literal["stop", "length"] = "stop"
-    topk: list[list[tuple[int, float]] | None] | None = None  # per position: up to k (id, logprob) pairs
+    topk: Sequence[list[tuple[int, float]] | None] | None = None  # per position: up to k (id, logprob) pairs
 
 
 def decode_forward_backward(

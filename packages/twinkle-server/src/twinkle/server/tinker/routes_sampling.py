@@ -102,13 +102,15 @@ async def asample(request: Request) -> JSONResponse:
     replica = engine.replica_of(session.run_id or queue_key)  # a snapshot is in its run's pool; else any will do
     task, finish = FunctionTask(sampling.sample, (session.adapter, *args)), None
     if session.directory is not None:
+        adapter = session.adapter
+        assert adapter is not None  # a checkpoint's session samples with that checkpoint's adapter
         # Marked once a load succeeded (a deduplicated retry runs and marks nothing); requests sent before
         # then load it too.
-        reload = not caller.tinker.is_loaded(session.adapter, replica)
-        task = FunctionTask(sampling.sample_checkpoint, (session.adapter, session.directory, reload, *args))
+        reload = not caller.tinker.is_loaded(adapter, replica)
+        task = FunctionTask(sampling.sample_checkpoint, (adapter, session.directory, reload, *args))
 
         def finish(reply: bytes) -> bytes:
-            caller.tinker.mark_loaded(session.adapter, replica)
+            caller.tinker.mark_loaded(adapter, replica)
             return reply
 
     key = None if body.seq_id is None else f"tinker-sample:{session.id}:{body.seq_id}"

@@ -166,7 +166,8 @@ async def load_weights(request: Request) -> JSONResponse:
         target, directory = checkpoints.resolve(caller, body.path)
         config = checkpoints.source_lora_config(caller, target)
         source = caller.state.store.get_run(caller.user, target.run_id)
-        metadata = {"api": "tinker", "base_model": body.base_model or source.metadata.get("base_model"),
+        source_metadata = source.metadata if source is not None else {}  # the run may be gone by now
+        metadata = {"api": "tinker", "base_model": body.base_model or source_metadata.get("base_model"),
                     "user_metadata": body.user_metadata or {}, "lora_rank": config.get("r"),
                     "loaded_from": target.tinker_path}  # fmt: skip
         run_id = training_run_id(body.session_id, body.model_seq_id)

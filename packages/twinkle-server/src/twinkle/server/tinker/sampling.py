@@ -63,7 +63,7 @@ def sample(
         for seq in response.sequences
     ]
     prompt_logprobs = topk_prompt = None
-    if params.prompt_logprobs:
+    if params.prompt_logprobs and response.prompt_logprobs is not None:  # asked for: present
         prompt_logprobs = _last_n(list(response.prompt_logprobs[0]), last_n, None)
         if params.prompt_logprobs is not True and response.topk_prompt_logprobs is not None:
             topk_prompt = _last_n(list(response.topk_prompt_logprobs[0]), last_n, None)

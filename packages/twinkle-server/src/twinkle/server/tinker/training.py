@@ -24,7 +24,7 @@ from twinkle.server.tinker.losses import build_loss, targets_of
 from twinkle.server.tinker.replies import json_result, proto_result
 
 # Tinker's AdamParams defaults; the optimizer is created with them and updated on every step.
-ADAM_DEFAULTS = {"lr": 1e-4, "betas": (0.9, 0.95), "eps": 1e-12, "weight_decay": 0.0}
+ADAM_DEFAULTS: dict[str, Any] = {"lr": 1e-4, "betas": (0.9, 0.95), "eps": 1e-12, "weight_decay": 0.0}
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 LORA_ALPHA = 32  # Tinker fixes alpha; only the rank is the user's choice

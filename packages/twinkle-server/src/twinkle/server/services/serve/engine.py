@@ -76,8 +76,10 @@ class ServeEngine:
             # ray.init's SIGTERM handler exits mid-request, skipping uvicorn's shutdown (and so Ray's): undo it.
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
-        self._on_lost, self._lock, self._replicas, self._known = on_lost, threading.Condition(), [], set()
-        self._scheduler_options = {
+        self._on_lost, self._lock = on_lost, threading.Condition()
+        self._replicas: list[_Replica] = []
+        self._known: set[str] = set()
+        self._scheduler_options: dict[str, Any] = {
             "max_tokens_per_pass": config.max_tokens_per_pass, "observe": observe, "on_pass": on_pass,
         }  # fmt: skip
         try:
@@ -98,13 +100,18 @@ class ServeEngine:
 
         quiet = {"log_level": "WARNING", "enable_access_log": False}  # else Serve logs every call
         serve.start(proxy_location="Disabled", logging_config=quiet)  # no Serve HTTP: this process is the front
-        deployment = serve.deployment(ModelReplica).options(
+        # Ray annotates serve.deployment as a decorator factory only; given a class it returns the Deployment.
+        deployment = serve.deployment(ModelReplica).options(  # type: ignore[attr-defined]
             name="model",
             num_replicas=config.replicas,
             ray_actor_options={"num_cpus": 0},  # replicas share the machine's cores
             max_ongoing_requests=4,  # one pool call at a time (the front's scheduler) plus ``info``
             graceful_shutdown_timeout_s=STOP_TIMEOUT_S,
-            request_router_config=RequestRouterConfig(request_router_class=ROUTER, request_router_kwargs={"app": APP}),
+            # Ray types every keyword of RequestRouterConfig.__init__ as a dict; it takes the router's import path.
+            request_router_config=RequestRouterConfig(
+                request_router_class=ROUTER,  # type: ignore[arg-type]
+                request_router_kwargs={"app": APP},
+            ),
             logging_config=quiet,
         )
         self._handle = serve.run(

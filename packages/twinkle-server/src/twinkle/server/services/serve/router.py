@@ -15,15 +15,15 @@ from twinkle.server.services.serve import live
 
 
 class PinnedReplicaRouter(RequestRouter):
-    def initialize_state(self, app: str) -> None:  # ``request_router_kwargs`` of the deployment
+    def initialize_state(self, app: str) -> None:  # type: ignore[override]  # Serve passes request_router_kwargs
         self._app, self._live_ids = app, set[str]()
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
     ) -> list[list[RunningReplica]]:
-        target = pending_request.args[0] if pending_request is not None and pending_request.args else None
-        if target is None:
+        if pending_request is None or not pending_request.args or pending_request.args[0] is None:
             return [candidate_replicas]
+        target = pending_request.args[0]
         chosen = [replica for replica in candidate_replicas if replica.replica_id.unique_id == target]
         if chosen:
             return [chosen]
