@@ -35,9 +35,11 @@ demo: install
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Lint every file, then type-check every package's src/ ([tool.mypy] in pyproject.toml; cache in .mypy_cache).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

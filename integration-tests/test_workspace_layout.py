@@ -138,3 +138,34 @@ def test_requires_python_is_at_least_every_sibling_dependencys(distributions, re
     workspace = ".".join(map(str, max(minimum.values())))
     readme = (repo_root / "README.md").read_text()
     assert f"on a fresh machine with Python ≥ {workspace}" in readme, f"the README's quick start must say {workspace}"
+
+
+def _package_roots(dist) -> list:
+    """The import packages a distribution ships: its own sub-packages of the ``twinkle`` namespace, or its packages."""
+    roots = []
+    for top in sorted(p for p in (dist.path / "src").iterdir() if p.is_dir() and p.name != "__pycache__"):
+        if (top / "__init__.py").exists():
+            roots.append(top)
+        else:  # a portion of the namespace: the distribution owns its sub-packages only
+            roots += sorted(p for p in top.iterdir() if (p / "__init__.py").exists())
+    return roots
+
+
+def test_every_distribution_ships_py_typed(distributions):
+    """PEP 561: type checkers use a package's inline annotations only when it holds a ``py.typed`` marker."""
+    missing = [
+        str(root.relative_to(dist.path))
+        for dist in distributions
+        if (dist.path / "src").is_dir()
+        for root in _package_roots(dist)
+        if not (root / "py.typed").is_file()
+    ]
+    assert not missing, f"packages without py.typed: {missing}"
+
+
+def test_mypy_checks_every_distribution(distributions, repo_root):
+    """``make lint`` type-checks every src/ dir; a new distribution must be added to [tool.mypy] mypy_path."""
+    config = tomllib.loads((repo_root / "pyproject.toml").read_text())["tool"]["mypy"]
+    listed = {entry.replace("$MYPY_CONFIG_FILE_DIR/", "") for entry in config["mypy_path"]}
+    expected = {str((d.path / "src").relative_to(repo_root)) for d in distributions if (d.path / "src").is_dir()}
+    assert listed == expected

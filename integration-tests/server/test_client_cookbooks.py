@@ -1,11 +1,13 @@
 """The client cookbooks (cookbook/client/{twinkle,tinker}/self_host/) run as a user runs them, against one server.
 
-One ``twinkle server`` serves the whole module. Every script runs as its own process, shrunk through
-its knobs, with nothing but ``TWINKLE_BASE_URL`` and ``TWINKLE_API_KEY`` (the Tinker SDK gets its
-settings from ``init_tinker_client``), and each test checks the line the script ends with. The
-Twinkle-client scripts run as on a machine without torch, transformers, peft or datasets (those
-imports fail), so a recipe that reaches for a torch-backed module remotely fails here. The sampling
-scripts sample the adapters the SFT scripts saved.
+One ``twinkle server`` serves the whole module, and two users use it at once, as two tenants would:
+one runs the Twinkle-client scripts, the other the Tinker SDK scripts, each user's scripts one
+after the other. Every script runs as its own process, shrunk through its knobs, with nothing but
+``TWINKLE_BASE_URL`` and ``TWINKLE_API_KEY`` (the Tinker SDK gets its settings from
+``init_tinker_client``), and each test checks what its script printed. The Twinkle-client scripts
+run as on a machine without torch, transformers, peft or datasets (importing them fails), so a
+recipe that reaches for a torch-backed module remotely fails here. The sampling scripts sample the
+adapters the SFT scripts saved.
 """
 
 from __future__ import annotations
@@ -16,51 +18,109 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CLIENTS = Path(__file__).resolve().parents[2] / "cookbook" / "client"
 TIMEOUT_S = 300
 # What ``pip install twinkle-client`` leaves out; the runner makes their imports fail as if not installed.
 NOT_INSTALLED = ("torch", "transformers", "peft", "datasets")
 WITHOUT_TORCH = f"""
-import runpy, sys
+import pathlib, runpy, sys
 for name in {NOT_INSTALLED!r}:
     sys.modules[name] = None  # 'import name' raises ImportError; importlib.util.find_spec(name) is None
 script = sys.argv[1]
-sys.argv, sys.path[0] = [script], str(__import__("pathlib").Path(script).parent)
+sys.argv, sys.path[0] = [script], str(pathlib.Path(script).parent)  # as 'python script' sets them
 runpy.run_path(script, run_name="__main__")
 """
 
 
+@dataclass
+class Run:
+    """One script's run: where it wrote its files, what it printed, and why it failed (empty if it did not)."""
+
+    output_dir: Path
+    stdout: str
+    failure: str
+
+    def output(self) -> str:
+        assert not self.failure, self.failure
+        return self.stdout
+
+
 @pytest.fixture(scope="module")
 def server(start_server):
-    return start_server(["me"])
+    return start_server(["twinkle-user", "tinker-user"])
 
 
-def run(server, script: str, output_dir: Path, **knobs: str) -> str:
-    """Run ``cookbook/client/<script>`` with ``knobs``; its stdout. A Twinkle-client script runs without torch."""
+@pytest.fixture(scope="module")
+def runs(server, tmp_path_factory) -> dict[str, Run]:
+    """Every script's run, by script path; the two users' scripts run side by side."""
+    results: dict[str, Run] = {}
+
+    def start(user: str, script: str, **knobs: str) -> Run:
+        results[script] = run_script(server, user, script, tmp_path_factory.mktemp(Path(script).stem), knobs)
+        return results[script]
+
+    def twinkle_client_scripts() -> None:
+        sft = start("twinkle-user", "twinkle/self_host/self_cognition.py", MAX_STEPS="2", BATCH_SIZE="4")
+        adapter = saved_path(sft, "twinkle://")
+        start("twinkle-user", "twinkle/self_host/sample.py", ADAPTER_PATH=adapter, MAX_NEW_TOKENS="2")
+        start("twinkle-user", "twinkle/self_host/dpo.py", MAX_STEPS="1", BATCH_SIZE="2", EVAL_PAIRS="2")
+        grpo = {"WARMUP_STEPS": "1", "MAX_STEPS": "1", "BATCH_SIZE": "2", "NUM_GENERATIONS": "2"}
+        start("twinkle-user", "twinkle/self_host/short_math_grpo.py", **grpo, MAX_NEW_TOKENS="4")
+
+    def tinker_scripts() -> None:
+        sft = start("tinker-user", "tinker/self_host/self_cognition.py", MAX_STEPS="3", BATCH_SIZE="4")
+        weights = saved_path(sft, "tinker://")
+        start("tinker-user", "tinker/self_host/sample.py", MODEL_PATH=weights, MAX_NEW_TOKENS="2")
+        start("tinker-user", "tinker/self_host/lora.py", EPOCHS="2", STEPS_PER_EPOCH="2", MAX_NEW_TOKENS="2")
+        start("tinker-user", "tinker/self_host/dpo.py", MAX_STEPS="2", BATCH_SIZE="2", EVAL_PAIRS="2")
+        grpo = {"MAX_STEPS": "2", "BATCH_SIZE": "2", "NUM_GENERATIONS": "2", "MAX_NEW_TOKENS": "4"}
+        start("tinker-user", "tinker/self_host/short_math_grpo.py", **grpo)
+
+    with ThreadPoolExecutor(2) as pool:
+        for lane in [pool.submit(twinkle_client_scripts), pool.submit(tinker_scripts)]:
+            lane.result()
+    return results
+
+
+def run_script(server, user: str, script: str, output_dir: Path, knobs: dict[str, str]) -> Run:
+    """``python cookbook/client/<script>`` as ``user``, with ``knobs``; a Twinkle-client script runs without torch."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("TINKER_")}
     env |= {
         "TWINKLE_BASE_URL": server.url,
-        "TWINKLE_API_KEY": server.keys["me"],
+        "TWINKLE_API_KEY": server.keys[user],
         "TINKER_TELEMETRY": "0",
         "HF_HUB_OFFLINE": "1",
         "MPLBACKEND": "Agg",
         "OUTPUT_DIR": str(output_dir),
+        "MAX_NEW_TOKENS": "2",
         **knobs,
     }
     path = str(CLIENTS / script)
     command = [sys.executable, "-c", WITHOUT_TORCH, path] if script.startswith("twinkle/") else [sys.executable, path]
-    done = subprocess.run(command, cwd=output_dir, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return done.stdout
+    try:
+        done = subprocess.run(command, cwd=output_dir, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        return Run(output_dir, "", f"{script} did not finish within {TIMEOUT_S} s:\n{exc.stderr or ''}"[-4000:])
+    failure = "" if done.returncode == 0 else f"{script} exited with {done.returncode}:\n{done.stderr[-4000:]}"
+    return Run(output_dir, done.stdout, failure)
 
 
-def final_line(output: str, pattern: str) -> re.Match:
+def saved_path(run: Run, scheme: str) -> str:
+    """The checkpoint path a script reports last ('' when it has none: the script that needs it then fails)."""
+    paths = re.findall(rf"saved to ({scheme}\S+)$", run.stdout, re.M)
+    return paths[-1] if paths else ""
+
+
+def final_line(run: Run, pattern: str) -> re.Match:
+    output = run.output()
     match = re.fullmatch(pattern, output.strip().splitlines()[-1])
     assert match, output[-2000:]
     return match
@@ -69,105 +129,82 @@ def final_line(output: str, pattern: str) -> re.Match:
 # ----------------------------------------------------------------------------------------- Twinkle client
 
 
-@pytest.fixture(scope="module")
-def twinkle_sft(server, tmp_path_factory) -> tuple[str, Path]:
-    output_dir = tmp_path_factory.mktemp("twinkle-sft")
-    output = run(
-        server, "twinkle/self_host/self_cognition.py", output_dir, MAX_STEPS="2", BATCH_SIZE="4", MAX_NEW_TOKENS="2"
-    )
-    return output, output_dir
-
-
-def test_twinkle_self_cognition_trains_the_recipe_remotely(twinkle_sft):
-    output, output_dir = twinkle_sft
-    loss_line = re.search(
-        r"^loss: first step (\S+) -> last step (\S+); adapter saved to (twinkle://\S+)$", output, re.M
-    )
-    assert loss_line, output[-2000:]
-    assert loss_line[3].endswith("/last-checkpoint")
-    losses = json.loads((output_dir / "loss.json").read_text())
+def test_twinkle_self_cognition_trains_the_recipe_remotely(runs):
+    run = runs["twinkle/self_host/self_cognition.py"]
+    output = run.output()
+    line = re.search(r"^loss: first step (\S+) -> last step \S+; adapter saved to (twinkle://\S+)$", output, re.M)
+    assert line, output[-2000:]
+    assert line[2].endswith("/last-checkpoint")
+    losses = json.loads((run.output_dir / "loss.json").read_text())
     assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
-    assert f"{losses[0]:.3f}" == loss_line[1]
-    assert (output_dir / "loss.png").stat().st_size > 0
+    assert f"{losses[0]:.3f}" == line[1]
+    assert (run.output_dir / "loss.png").stat().st_size > 0
     assert output.count("\nQ: ") == 4  # the recipe's four questions, answered by the server's sampler
 
 
-def test_twinkle_sample_uses_the_saved_adapter(server, twinkle_sft, tmp_path):
-    adapter = re.search(r"adapter saved to (twinkle://\S+)", twinkle_sft[0])[1]
-    output = run(server, "twinkle/self_host/sample.py", tmp_path, ADAPTER_PATH=adapter, MAX_NEW_TOKENS="2")
-    final_line(output, rf"sampled 4 completions \(2 questions x 2\) from {re.escape(adapter)}")
-    assert output.count("Q: ") == 4
+def test_twinkle_sample_uses_the_saved_adapter(runs):
+    adapter = saved_path(runs["twinkle/self_host/self_cognition.py"], "twinkle://")
+    run = runs["twinkle/self_host/sample.py"]
+    final_line(run, rf"sampled 4 completions \(2 questions x 2\) from {re.escape(adapter)}")
+    assert run.output().count("Q: ") == 4
 
 
-@pytest.mark.slow
-def test_twinkle_dpo_trains_the_recipe_remotely(server, tmp_path):
-    output = run(server, "twinkle/self_host/dpo.py", tmp_path, MAX_STEPS="1", BATCH_SIZE="2", EVAL_PAIRS="2")
-    assert re.search(r"^held-out preference accuracy before training: \S+$", output, re.M), output[-2000:]
+def test_twinkle_dpo_trains_the_recipe_remotely(runs):
+    run = runs["twinkle/self_host/dpo.py"]
+    assert re.search(r"^held-out preference accuracy before training: \S+$", run.output(), re.M), run.stdout
     final_line(
-        output,
+        run,
         r"training preference accuracy \S+, margin \S+; held-out preference accuracy after training: \S+; "
         r"adapter saved to twinkle://\S+/dpo-checkpoint",
     )
-    assert len(json.loads((tmp_path / "loss.json").read_text())) == 1
+    assert len(json.loads((run.output_dir / "loss.json").read_text())) == 1
 
 
-@pytest.mark.slow
-def test_twinkle_short_math_grpo_samples_the_adapter_it_trains(server, tmp_path):
-    knobs = {"WARMUP_STEPS": "1", "MAX_STEPS": "1", "BATCH_SIZE": "2", "NUM_GENERATIONS": "2", "MAX_NEW_TOKENS": "4"}
-    output = run(server, "twinkle/self_host/short_math_grpo.py", tmp_path, **knobs)
+def test_twinkle_short_math_grpo_samples_the_adapter_it_trains(runs):
+    run = runs["twinkle/self_host/short_math_grpo.py"]
     line = re.search(
         r"^mean reward: first 10 steps \S+ -> last 10 steps \S+ \(.*\); sampler/trainer logprob mismatch max (\S+); "
         r"adapter saved to twinkle://\S+/grpo-gsm8k-checkpoint$",
-        output,
+        run.output(),
         re.M,
     )
-    assert line, output[-2000:]
+    assert line, run.stdout[-2000:]
     assert float(line[1]) < 1e-4  # the sampler used the trained adapter's weights
-    marker = tmp_path / "warmup-1-steps" / "checkpoint-path"
+    marker = run.output_dir / "warmup-1-steps" / "checkpoint-path"
     assert marker.read_text().startswith("twinkle://")  # the warm-up checkpoint stays on the server
-    assert (tmp_path / "reward.png").stat().st_size > 0
+    assert (run.output_dir / "reward.png").stat().st_size > 0
 
 
 # ----------------------------------------------------------------------------------------- Tinker SDK
 
 
-@pytest.fixture(scope="module")
-def tinker_sft(server, tmp_path_factory) -> str:
-    return run(
-        server,
-        "tinker/self_host/self_cognition.py",
-        tmp_path_factory.mktemp("tinker-sft"),
-        MAX_STEPS="3",
-        BATCH_SIZE="4",
-    )
-
-
-def test_tinker_self_cognition_lowers_the_loss(tinker_sft):
-    line = final_line(tinker_sft, r"loss: first step (\S+) -> last step (\S+); adapter saved to (tinker://\S+)")
+def test_tinker_self_cognition_lowers_the_loss(runs):
+    run = runs["tinker/self_host/self_cognition.py"]
+    line = final_line(run, r"loss: first step (\S+) -> last step (\S+); adapter saved to (tinker://\S+)")
     assert float(line[2]) < float(line[1])
     assert line[3].endswith("/sampler_weights/self-cognition")
 
 
-def test_tinker_sample_uses_the_saved_sampler_weights(server, tinker_sft, tmp_path):
-    weights = re.search(r"adapter saved to (tinker://\S+)", tinker_sft)[1]
-    output = run(server, "tinker/self_host/sample.py", tmp_path, MODEL_PATH=weights, MAX_NEW_TOKENS="2")
-    final_line(output, rf"sampled 4 completions \(2 questions x 2\) from {re.escape(weights)}")
+def test_tinker_sample_uses_the_saved_sampler_weights(runs):
+    weights = saved_path(runs["tinker/self_host/self_cognition.py"], "tinker://")
+    final_line(
+        runs["tinker/self_host/sample.py"], rf"sampled 4 completions \(2 questions x 2\) from {re.escape(weights)}"
+    )
 
 
-def test_tinker_lora_loop_lowers_the_loss_and_saves_every_epoch(server, tmp_path):
-    output = run(server, "tinker/self_host/lora.py", tmp_path, EPOCHS="2", STEPS_PER_EPOCH="2", MAX_NEW_TOKENS="2")
-    line = final_line(output, r"loss per token: first step (\S+) -> last step (\S+); state saved to (tinker://\S+)")
+def test_tinker_lora_loop_lowers_the_loss_and_saves_every_epoch(runs):
+    run = runs["tinker/self_host/lora.py"]
+    line = final_line(run, r"loss per token: first step (\S+) -> last step (\S+); state saved to (tinker://\S+)")
     assert float(line[2]) < float(line[1])  # four steps on the same seven phrases
     assert line[3].endswith("/weights/pig-latin-epoch-2")
-    assert len(re.findall(r"^epoch \d: loss per token \S+; state saved to tinker://", output, re.M)) == 2
+    assert len(re.findall(r"^epoch \d: loss per token \S+; state saved to tinker://", run.stdout, re.M)) == 2
 
 
-@pytest.mark.slow
-def test_tinker_dpo_reference_is_the_base_model(server, tmp_path):
-    output = run(server, "tinker/self_host/dpo.py", tmp_path, MAX_STEPS="2", BATCH_SIZE="2", EVAL_PAIRS="2")
-    assert re.search(r"^held-out preference accuracy before training: \S+$", output, re.M), output[-2000:]
+def test_tinker_dpo_reference_is_the_base_model(runs):
+    run = runs["tinker/self_host/dpo.py"]
+    assert re.search(r"^held-out preference accuracy before training: \S+$", run.output(), re.M), run.stdout
     line = final_line(
-        output,
+        run,
         r"DPO loss: first step (\S+) -> last step (\S+); last batch accuracy \S+, margin \S+; "
         r"held-out preference accuracy after training: \S+; adapter saved to (tinker://\S+)",
     )
@@ -177,12 +214,9 @@ def test_tinker_dpo_reference_is_the_base_model(server, tmp_path):
     assert line[3].endswith("/weights/dpo")
 
 
-@pytest.mark.slow
-def test_tinker_short_math_grpo_samples_the_weights_it_trains(server, tmp_path):
-    knobs = {"MAX_STEPS": "2", "BATCH_SIZE": "2", "NUM_GENERATIONS": "2", "MAX_NEW_TOKENS": "4"}
-    output = run(server, "tinker/self_host/short_math_grpo.py", tmp_path, **knobs)
+def test_tinker_short_math_grpo_samples_the_weights_it_trains(runs):
     line = final_line(
-        output,
+        runs["tinker/self_host/short_math_grpo.py"],
         r"mean reward: first 10 steps \S+ -> last 10 steps \S+; sampler/trainer logprob mismatch max (\S+); "
         r"adapter saved to (tinker://\S+)",
     )
@@ -190,5 +224,5 @@ def test_tinker_short_math_grpo_samples_the_weights_it_trains(server, tmp_path):
     assert line[2].endswith("/sampler_weights/grpo-gsm8k")
 
 
-def test_the_server_logged_no_errors(server):
+def test_the_server_logged_no_errors(server, runs):
     assert server.errors() == []

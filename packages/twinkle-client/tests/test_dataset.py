@@ -130,12 +130,12 @@ def test_step_options_are_the_in_process_keywords_and_only_changed_ones_travel(c
     dataset = Dataset("builtin://gsm8k-mini")
     dataset.map("GSM8KProcessor", source=0, batched=False, num_proc=2)
     dataset.set_template("Template")
-    dataset.encode(True, False, strict=False)
+    dataset.encode(True, False, strict=False, drop_unsupervised=True)
     dataset.filter(has_answer, batched=True)
     dataset.shuffle(7, source="builtin://gsm8k-mini")
     assert [step["kwargs"] for step in dataset.steps if step["op"] != "set_template"] == [
         {"preprocessor": {"name": "GSM8KProcessor", "kwargs": {}}, "source": 0, "batched": False, "num_proc": 2},
-        {"add_generation_prompt": True, "batched": False, "strict": False},
+        {"add_generation_prompt": True, "batched": False, "strict": False, "drop_unsupervised": True},
         {"predicate": {"name": "has_answer", "kwargs": {}}},
         {"seed": 7, "source": "builtin://gsm8k-mini"},
     ]

@@ -19,7 +19,8 @@ def test_sampling_with_a_named_adapter_uses_its_run(client, server):
     response = sampler.sample(PROMPTS, SamplingParams(max_tokens=8, seed=1), adapter_name="default", num_samples=3)
     assert isinstance(response, SampleResponse)
     assert len(response.sequences) == 6
-    assert response.sequences[0] == SampledSequence([7, 8], "stop", [-0.5, -0.25], decoded="7 8")
+    expected = SampledSequence([7, 8], "stop", [-0.5, -0.25], decoded="7 8", adapter_name="default")
+    assert response.sequences[0] == expected  # named by the adapter, as in-process, not by the server's run id
     [request] = server.requests("POST", "/sample")
     assert request.body == {
         "inputs": PROMPTS,

@@ -10,6 +10,7 @@ from twinkle.data_format import (
     SampleResponse,
     SamplingParams,
     make_input_feature,
+    prompt_major,
     validate_input_feature,
     validate_trajectory,
 )
@@ -108,6 +109,31 @@ def test_sample_response_round_trip_with_nested_sequences():
     restored = SampleResponse.from_dict(json.loads(json.dumps(response.to_dict())))
     assert restored == response
     assert isinstance(restored.sequences[0], SampledSequence)
+
+
+def _answers(*inputs):
+    """A response of one sampler to inputs ``(prompt ids, adapter)``: one completion each, echoing its prompt."""
+    order = prompt_major(inputs)
+    sequences = [SampledSequence(list(inputs[i][0]), "stop", input_index=i, adapter_name=inputs[i][1]) for i in order]
+    return SampleResponse(
+        sequences, prompt_token_ids=[list(ids) for ids, _ in inputs], prompt_logprobs=[[None]] * len(inputs)
+    )
+
+
+def test_prompt_major_groups_equal_keys_in_order_of_first_appearance():
+    assert prompt_major(["a", "b", "a", "c", "b"]) == [0, 2, 1, 4, 3]
+    assert prompt_major([]) == []
+
+
+def test_responses_of_consecutive_shares_concatenate_into_one_prompt_major_response():
+    p, q = (1, 2), (3,)
+    shares = [[(p, None), (q, None)], [(p, None), (q, None), (p, "a")], [(p, "a")]]  # [p, q, p, q, p/a, p/a]
+    merged = SampleResponse.concatenate([_answers(*share) for share in shares])
+    whole = _answers(*[item for share in shares for item in share])
+    assert [s.input_index for s in merged.sequences] == [0, 2, 1, 3, 4, 5]
+    assert merged == whole  # as if one sampler had sampled every input
+    with pytest.raises(InvalidInputError, match="needs prompt_token_ids and an input_index"):
+        SampleResponse.concatenate([SampleResponse([SampledSequence([1], "stop")], prompt_token_ids=[[1]])])
 
 
 def test_outputs_default_to_empty_metrics():

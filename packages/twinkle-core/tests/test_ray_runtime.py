@@ -18,6 +18,7 @@ ray = pytest.importorskip("ray")
 
 import twinkle  # noqa: E402
 from twinkle import DeviceGroup, DeviceMesh  # noqa: E402
+from twinkle.data_format import SampledSequence, SampleResponse  # noqa: E402
 from twinkle.errors import ConfigurationError, InvalidInputError  # noqa: E402
 from twinkle.infra import get_runtime, process_group_kwargs, remote_class, shutdown  # noqa: E402
 from twinkle.infra.ray import ActorProxy, LazyResult, relay  # noqa: E402
@@ -111,6 +112,17 @@ def test_merge_concatenates_per_sample_values_and_takes_scalars_from_the_first_w
     merged = merge([Output(1.0, [1, 2, 3], 3), Output(1.0, (4,), 3)])
     assert merged == Output(loss=1.0, values=[1, 2, 3, 4], num_tokens=3)  # a model reports global scalars
     assert merge([{"logps": [[0.1]], "kl": 0.5}, {"logps": [[0.2]], "kl": 0.5}]) == {"logps": [[0.1], [0.2]], "kl": 0.5}
+
+
+def test_merged_sample_responses_are_prompt_major_over_every_worker():
+    """Two sampler workers each answer their share of ``[p, q] * 2``: the merged response groups p, then q."""
+    share = SampleResponse(
+        [SampledSequence([7], "stop", input_index=0), SampledSequence([8], "stop", input_index=1)],
+        prompt_token_ids=[[1], [2]],
+    )
+    merged = merge([share, share])
+    assert [(s.tokens, s.input_index) for s in merged.sequences] == [([7], 0), ([7], 2), ([8], 1), ([8], 3)]
+    assert merged.prompt_token_ids == [[1], [2], [1], [2]]
 
 
 def test_one_worker_per_data_parallel_rank():

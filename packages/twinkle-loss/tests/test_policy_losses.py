@@ -61,7 +61,7 @@ def test_on_policy_default_is_reinforce_with_ratio_one(data, layout):
     for grad, s in zip(_grads(result.loss, data), data.samples, strict=True):
         torch.testing.assert_close(grad, torch.full_like(grad, -s.advantage / tokens))
     assert result.metrics["ratio"] == pytest.approx(1.0)
-    assert result.metrics["approx_kl"] == 0.0
+    assert result.metrics["approx_kl"] == result.metrics["abs_log_ratio_max"] == 0.0
     assert result.metrics["clip_low_fraction"] == result.metrics["clip_high_fraction"] == 0.0
 
 
@@ -85,7 +85,7 @@ def test_ppo_with_tinker_thresholds_is_tinkers_ppo(data, layout):
     _assert_same(got, expected, data)
 
 
-def test_policy_metrics_are_token_means_over_trained_tokens(data, layout):
+def test_policy_metrics_are_token_means_or_maxima_over_trained_tokens(data, layout):
     inputs, outputs = data.batch(layout)
     metrics = GRPOLoss(epsilon=0.1, beta=0.1)(
         inputs,
@@ -111,6 +111,8 @@ def test_policy_metrics_are_token_means_over_trained_tokens(data, layout):
     assert metrics["ratio"] == pytest.approx(sum(ratios) / n)
     assert metrics["approx_kl"] == pytest.approx(sum(approx_kl) / n)
     assert metrics["kl"] == pytest.approx(sum(kl) / n)
+    gaps = [abs(lp - q) for s in data.samples for lp, q in zip(s.logps.tolist(), s.old, strict=True)]
+    assert metrics["abs_log_ratio_max"] == pytest.approx(max(gaps))
 
 
 def test_dr_grpo_divides_token_sums_by_sequences_times_max_length(data, layout):

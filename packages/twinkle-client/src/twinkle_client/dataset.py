@@ -91,11 +91,17 @@ class Dataset:
         *,
         source: Source = None,
         strict: bool = True,
+        drop_unsupervised: bool = False,
         **map_kwargs: Any,
     ) -> None:
         if not any(step["op"] == "set_template" for step in self.steps):
             raise ConfigurationError("encode() needs a template: call set_template(...) first")
-        options = _changed(batched=(batched, True), source=(source, None), strict=(strict, True))
+        options = _changed(
+            batched=(batched, True),
+            source=(source, None),
+            strict=(strict, True),
+            drop_unsupervised=(drop_unsupervised, False),
+        )
         self._record("encode", add_generation_prompt=add_generation_prompt, **options, **map_kwargs)
 
     def filter(self, predicate: Any, *, source: Source = None, batched: bool = True, **map_kwargs: Any) -> None:

@@ -215,7 +215,9 @@ class TransformersModel:
     def _call(self, method: str, adapter_name: str | None, **kwargs: Any) -> Any:
         return self._client.call(self.run_id(adapter_name), method, **kwargs)
 
-    def _set(self, method: str, argument: str, component: Any, adapter_name: str | None, kwargs: dict) -> None:
+    def _set(
+        self, method: str, argument: str, component: Any, adapter_name: str | None, kwargs: dict[str, Any]
+    ) -> None:
         name, built = merged_spec(component, kwargs, f"{method}({argument})")
         self._call(method, adapter_name, **{argument: name}, **built)
 

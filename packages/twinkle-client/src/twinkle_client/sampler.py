@@ -93,12 +93,16 @@ class TorchSampler:
         if not isinstance(params, SamplingParams):
             raise InvalidInputError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         prompts = [inputs] if isinstance(inputs, Mapping) else list(inputs)
-        run_id = self._run_for(adapter_name, use_base_model)
+        adapter = self._adapter_for(adapter_name, use_base_model)
+        run_id = self._run_for(adapter) if adapter is not None else self._merged_run
         base_model = self.model_id if run_id is None and self.model_id.startswith(CHECKPOINT_SCHEME) else None
-        return sample_request(self._client, prompts, params, run_id, num_samples, self._template, base_model)
+        response = sample_request(self._client, prompts, params, run_id, num_samples, self._template, base_model)
+        for sequence in response.sequences:  # the server knows the run; the user knows the adapter's name
+            sequence.adapter_name = adapter
+        return response
 
-    def _run_for(self, adapter_name: Any, use_base_model: bool) -> str | None:
-        """The run whose weights sample (``None``: the server's base model)."""
+    def _adapter_for(self, adapter_name: Any, use_base_model: bool) -> str | None:
+        """The adapter that samples (``None``: the base model), by the in-process rule."""
         if not isinstance(use_base_model, bool):
             raise InvalidInputError(f"use_base_model must be True or False, got {use_base_model!r}")
         if use_base_model:
@@ -106,19 +110,25 @@ class TorchSampler:
                 raise InvalidInputError(
                     f"use_base_model=True samples without any adapter: do not also pass adapter_name={adapter_name!r}"
                 )
-            return self._merged_run
+            return None
         if adapter_name is None:
             if len(self._synced) > 1:
                 raise InvalidInputError(
                     f"this sampler serves several adapters {sorted(self._synced)}: pass adapter_name=<one of them>, "
                     "or use_base_model=True for the base model"
                 )
-            return next(iter(self._synced.values()), self._merged_run)
+            return next(iter(self._synced), None)
         if not isinstance(adapter_name, str):
             raise InvalidInputError(
                 f"a remote sampler takes one adapter_name per call, got {adapter_name!r}; "
                 "split the inputs by adapter and call sample once per adapter"
             )
+        return adapter_name
+
+    def _run_for(self, adapter_name: str) -> str:
+        """The server run behind ``adapter_name``: the one synced under that name, else the client's."""
+        if adapter_name in self._synced:
+            return self._synced[adapter_name]
         if self._model is not None and adapter_name in self._model.adapter_names:
             return self._model.run_id(adapter_name)
         run_id = self._client.adapter_runs.get(adapter_name)

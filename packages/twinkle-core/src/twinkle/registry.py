@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from twinkle.errors import ComponentNotFoundError, ConfigurationError
 
@@ -45,7 +45,11 @@ class Registry:
         self.entry_point_group = f"twinkle.{kind}"
         self._items: dict[str, Any] = {}
 
-    def register(self, obj: T | None = None, *, name: str | None = None) -> Any:
+    @overload
+    def register(self, obj: None = None, *, name: str | None = None) -> Callable[[T], T]: ...
+    @overload
+    def register(self, obj: T, *, name: str | None = None) -> T: ...
+    def register(self, obj: T | None = None, *, name: str | None = None) -> Callable[[T], T] | T:
         """Register ``obj`` under ``name`` (default: its ``__name__``); usable as a decorator."""
 
         def decorator(target: T) -> T:
@@ -137,7 +141,11 @@ def get_registry(kind: str) -> Registry:
         raise ComponentNotFoundError(f"unknown component kind {kind!r}; known: {', '.join(KINDS)}") from None
 
 
-def register(kind: str, obj: Any = None, *, name: str | None = None) -> Any:
+@overload
+def register(kind: str, obj: None = None, *, name: str | None = None) -> Callable[[T], T]: ...
+@overload
+def register(kind: str, obj: T, *, name: str | None = None) -> T: ...
+def register(kind: str, obj: T | None = None, *, name: str | None = None) -> Callable[[T], T] | T:
     """``@register('loss')`` or ``register('loss', MyLoss, name='my_loss')``."""
     return get_registry(kind).register(obj, name=name)
 

@@ -23,7 +23,7 @@ from twinkle.data_format.message import (
     validate_trajectory,
 )
 from twinkle.data_format.output import LossOutput, ModelOutput
-from twinkle.data_format.sampling import SampledSequence, SampleResponse, SamplingParams
+from twinkle.data_format.sampling import SampledSequence, SampleResponse, SamplingParams, prompt_major
 from twinkle.data_format.serde import Serializable
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "Trajectory",
     "check_binary",
     "make_input_feature",
+    "prompt_major",
     "unshifted_labels",
     "validate_input_feature",
     "validate_message",

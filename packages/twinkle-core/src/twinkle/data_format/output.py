@@ -18,7 +18,9 @@ class LossOutput(Serializable):
     """A scalar ``loss`` to back-propagate and the ``num_tokens`` it was reduced over.
 
     ``num_tokens`` lets gradient accumulation weight micro-batches correctly;
-    ``metrics`` carries loss-specific scalars (clip fractions, KL, ...).
+    ``metrics`` carries loss-specific scalars (clip fractions, KL, ...). Models
+    average them over micro-batches, data-parallel ranks and calls, except
+    maxima, named ``*_max``, which combine by their largest value.
     """
 
     loss: Any

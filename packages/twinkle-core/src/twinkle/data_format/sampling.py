@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from twinkle.data_format.input_feature import InputFeature
@@ -80,7 +81,8 @@ class SampledSequence(Serializable):
 
     ``new_input_feature`` is prompt + completion with labels on the completion only,
     so it can go straight into ``forward_backward``. ``input_index`` is the
-    position, in the ``inputs`` of the ``sample`` call, of the prompt it answers.
+    position, in the ``inputs`` of the ``sample`` call, of the prompt it answers;
+    ``adapter_name`` the adapter that sampled it (``None``: the base model).
     """
 
     tokens: list[int]
@@ -90,6 +92,7 @@ class SampledSequence(Serializable):
     decoded: str | None = None
     new_input_feature: InputFeature | None = None
     input_index: int | None = None
+    adapter_name: str | None = None
 
 
 @dataclass
@@ -114,6 +117,51 @@ class SampleResponse(Serializable):
         data = dict(data)
         data["sequences"] = [SampledSequence.from_dict(s) for s in data.get("sequences", [])]
         return super().from_dict(data)
+
+    @classmethod
+    def concatenate(cls, parts: Sequence[SampleResponse]) -> SampleResponse:
+        """One response for consecutive shares of one call's inputs (several sampler workers), prompt-major again.
+
+        Each part indexes its own share; the result indexes the whole call, and
+        a prompt that several shares hold is one group, as if one sampler had
+        sampled every input.
+        """
+        sequences: list[SampledSequence] = []
+        prompt_ids: list[list[int]] = []
+        for part in parts:
+            if part.prompt_token_ids is None or any(s.input_index is None for s in part.sequences):
+                raise InvalidInputError(
+                    "SampleResponse.concatenate: every part needs prompt_token_ids and an input_index on every "
+                    "sequence (twinkle.sampler.Sampler's responses have both)"
+                )
+            sequences.extend(replace(s, input_index=len(prompt_ids) + s.input_index) for s in part.sequences)
+            prompt_ids.extend(part.prompt_token_ids)
+        order = prompt_major([(tuple(prompt_ids[s.input_index]), s.adapter_name) for s in sequences])  # type: ignore[index]
+        return cls(
+            sequences=[sequences[i] for i in order],
+            prompt_token_ids=prompt_ids,
+            prompt_logprobs=_joined([part.prompt_logprobs for part in parts]),
+            topk_prompt_logprobs=_joined([part.topk_prompt_logprobs for part in parts]),
+        )
+
+
+def prompt_major(keys: Sequence[Hashable]) -> list[int]:
+    """The indices of ``keys``, equal keys together: groups in order of first appearance, members in order.
+
+    ``['a', 'b', 'a', 'b']`` gives ``[0, 2, 1, 3]``: the order of a :class:`SampleResponse`, whose keys are
+    each completion's prompt token ids and adapter.
+    """
+    groups: dict[Hashable, list[int]] = {}
+    for index, key in enumerate(keys):
+        groups.setdefault(key, []).append(index)
+    return [index for members in groups.values() for index in members]
+
+
+def _joined(lists: Sequence[list[Any] | None]) -> list[Any] | None:
+    """Per-input lists of consecutive shares, joined; ``None`` when the shares have none."""
+    if any(values is None for values in lists):
+        return None
+    return [value for values in lists for value in values]  # type: ignore[union-attr]
 
 
 def _is_int(value: Any) -> bool:

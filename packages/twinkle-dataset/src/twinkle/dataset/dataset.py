@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -14,6 +14,7 @@ from twinkle.dataset.mixing import MixStrategy, mix_datasets
 from twinkle.dataset.row_map import MapResult, RowFunction, hf_map_options, map_rows
 from twinkle.dataset.sources import load_source
 from twinkle.dataset.steps import TOKEN_FEATURES, encode_row, keep_rows, preprocess_row
+from twinkle.dataset.supervision import check_supervision
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.infra import remote_class
 from twinkle.registry import build, register
@@ -30,6 +31,7 @@ class _Part:
 
     name: str
     data: datasets.Dataset
+    preprocessors: list[str] = field(default_factory=list)  # the map steps so far, named in encode's messages
 
 
 @register("dataset")
@@ -88,7 +90,8 @@ class Dataset:
         data = mix_datasets(
             [part.data for part in self._parts], names, strategy, probabilities, seed, stopping_strategy
         )
-        self._parts = [_Part(f"{strategy}({', '.join(names)})", data)]
+        preprocessors = [step for part in self._parts for step in part.preprocessors]
+        self._parts = [_Part(f"{strategy}({', '.join(names)})", data, list(dict.fromkeys(preprocessors)))]
         logger.info("mixed %d datasets with %s: %d rows", len(names), strategy, len(data))
 
     # ----- processing --------------------------------------------------------------------------
@@ -118,6 +121,7 @@ class Dataset:
         for part, result in self._map_parts(
             partial(preprocess_row, function), step, source, strict, batched, map_kwargs
         ):
+            part.preprocessors.append(step)
             dropped = f" ({result.num_dropped} dropped by the preprocessor)" if result.num_dropped else ""
             logger.info("%s on %s: %d -> %d rows%s", step, part.name, result.num_input, len(result.data), dropped)
 
@@ -128,6 +132,7 @@ class Dataset:
         *,
         source: Source = None,
         strict: bool = True,
+        drop_unsupervised: bool = False,
         **map_kwargs: Any,
     ) -> None:
         """Encode every trajectory into an InputFeature with the template from :meth:`set_template`.
@@ -135,11 +140,22 @@ class Dataset:
         ``add_generation_prompt=True`` encodes prompts for sampling (RL) instead
         of labelled conversations. Rows the template deletes (``None``, e.g.
         too long under ``truncation_strategy='delete'``) are counted in a log line.
+        Labelled rows with no supervised token (no assistant answer, or one that
+        truncation cut off) train nothing: a warning counts them, and
+        ``drop_unsupervised=True`` drops them; a dataset with no supervised row
+        at all raises ConfigurationError (e.g. a prompt-only preprocessor).
         """
         if self._template is None:
             raise ConfigurationError("encode() needs a template: call set_template(...) first")
         row_fn = partial(encode_row, self._template, add_generation_prompt)
-        for part, result in self._map_parts(row_fn, "encode", source, strict, batched, map_kwargs, TOKEN_FEATURES):
+
+        def review(part: _Part, data: datasets.Dataset) -> datasets.Dataset:
+            if add_generation_prompt:  # prompts for sampling supervise nothing by design
+                return data
+            return check_supervision(data, part.name, part.preprocessors, self._template, drop_unsupervised)
+
+        results = self._map_parts(row_fn, "encode", source, strict, batched, map_kwargs, TOKEN_FEATURES, review)
+        for part, result in results:
             logger.info("encode on %s: %d -> %d rows", part.name, result.num_input, len(result.data))
             if result.num_dropped:
                 logger.info(
@@ -230,15 +246,18 @@ class Dataset:
         batched: bool,
         map_kwargs: Mapping[str, Any],
         native_features: Mapping[str, Any] | None = None,
+        review: Callable[[_Part, datasets.Dataset], datasets.Dataset] | None = None,
     ) -> list[tuple[_Part, MapResult]]:
-        """Map every selected part; parts change only once all succeeded, so a failed call can be retried."""
+        """Map every selected part; ``review`` may raise, or return the mapped rows to keep. Parts change only
+        once all succeeded, so a failed call can be retried."""
         extra = {"native_features": native_features, "options": hf_map_options(map_kwargs, batched)}
         results = [
             (part, map_rows(part.data, row_fn, f"{step} on {part.name}", strict=strict, **extra))
             for part in self._select_parts(source)
         ]
-        for part, result in results:
-            part.data = result.data
+        kept = [result.data if review is None else review(part, result.data) for part, result in results]
+        for (part, _), data in zip(results, kept, strict=True):
+            part.data = data
         return results
 
     def _select_parts(self, source: Source) -> list[_Part]:

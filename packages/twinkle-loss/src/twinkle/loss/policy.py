@@ -14,8 +14,10 @@ Notation in the loss docstrings: ``lp`` = ``outputs.logps``, ``q`` = ``old_logps
 sampler value there can never overflow a ratio.
 
 Every policy loss reports, over this call's trained tokens: ``ratio`` (mean ``r``), ``approx_kl``
-(mean ``(r − 1) − log r``, Schulman's k3 estimate of KL(π_old ‖ π_θ)), ``kl`` (mean k3 estimate of
-KL(π_θ ‖ π_ref), when ``beta > 0``) and its own figures (clip fractions).
+(mean ``(r − 1) − log r``, Schulman's k3 estimate of KL(π_old ‖ π_θ)), ``abs_log_ratio_max`` (the
+largest ``|lp − q|``: on the first mini-batch after a weight sync, how far the sampler's log-probs are
+from the trainer's — 0 up to float rounding when both compute the same policy), ``kl`` (mean k3
+estimate of KL(π_θ ‖ π_ref), when ``beta > 0``) and its own figures (clip fractions).
 """
 
 from __future__ import annotations
@@ -81,6 +83,11 @@ class PolicyBatch:
         count = int(self.mask_BT.sum())
         return float(values_BT.detach()[self.mask_BT].sum()) / count if count else 0.0
 
+    def max(self, values_BT: torch.Tensor) -> float:
+        """Largest value of ``values_BT`` over the trained tokens (0.0 when there are none)."""
+        selected = values_BT.detach()[self.mask_BT]
+        return float(selected.max()) if selected.numel() else 0.0
+
 
 class PolicyLoss(Loss):
     """Base of the policy-gradient losses: ``reduce(ℓ_t + beta · k3(ref − lp))`` with ``ℓ_t`` from :meth:`token_losses`.
@@ -137,6 +144,7 @@ class PolicyLoss(Loss):
         log_ratio_BT = batch.log_ratio_BT.detach()
         metrics["ratio"] = batch.mean(torch.exp(log_ratio_BT))
         metrics["approx_kl"] = batch.mean(k3(log_ratio_BT))
+        metrics["abs_log_ratio_max"] = batch.max(log_ratio_BT.abs())  # a maximum: models combine it by max
         loss, num_tokens = self.reduction.reduce(values_BT, inputs, normalizer)
         return LossOutput(loss=loss, num_tokens=num_tokens, metrics=metrics)
 

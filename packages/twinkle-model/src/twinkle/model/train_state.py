@@ -49,7 +49,7 @@ class TrainState:
         if self.optimizer is None:
             who = f"adapter {self.name!r}" if self.is_adapter else "the model"
             raise ConfigurationError(f"no optimizer for {who}: call set_optimizer('AdamW', lr=...) first")
-        return self.optimizer  # type: ignore[return-value]
+        return self.optimizer
 
     def current_lr(self) -> float | None:
         return None if self.optimizer is None else float(self.optimizer.param_groups[0]["lr"])

@@ -48,7 +48,7 @@ class _ChunkedTokenLogps(torch.autograd.Function):
     """``logps_N = log_softmax(hidden_NH @ weight_VH.T)[labels_N]`` with O(chunk × V) live memory."""
 
     @staticmethod
-    def forward(  # type: ignore[override]  # autograd passes forward's own arguments
+    def forward(
         ctx: Any,
         hidden_NH: torch.Tensor,
         weight_VH: torch.Tensor,
@@ -73,7 +73,7 @@ class _ChunkedTokenLogps(torch.autograd.Function):
         return logps_N, correct_N
 
     @staticmethod
-    def backward(  # type: ignore[override]  # one gradient per output of forward
+    def backward(  # one gradient per input of forward
         ctx: Any, grad_logps_N: torch.Tensor, _grad_correct: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
         hidden_NH, weight_VH, labels_N = ctx.saved_tensors
@@ -123,5 +123,7 @@ def chunked_token_logps(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     itemsize = torch.empty((), dtype=logps_dtype(weight_VH.dtype)).element_size()
     save_probs = labels_N.numel() * weight_VH.shape[0] * itemsize <= max_saved_bytes
-    logps_N, correct_N = _ChunkedTokenLogps.apply(hidden_NH, weight_VH, labels_N, chunk_size, save_probs)
+    logps_N, correct_N = _ChunkedTokenLogps.apply(  # type: ignore[no-untyped-call]  # torch leaves apply untyped
+        hidden_NH, weight_VH, labels_N, chunk_size, save_probs
+    )
     return TokenLogps(logps_N, correct_N)

@@ -16,6 +16,7 @@ from twinkle.data_format import (
     SampledSequence,
     SampleResponse,
     make_input_feature,
+    prompt_major,
 )
 from twinkle.data_format.sampling import StopReason
 from twinkle.sampler.stopping import StopCriteria
@@ -56,27 +57,17 @@ class Generation:
     topk_prompt_logprobs: list[list[TopK | None]] | None = None
 
 
-def prompt_major(prompts: list[Prompt]) -> list[int]:
-    """Input indices in response order: identical prompts together, in order of first appearance.
-
-    ``[p0, p1, p0, p1]`` gives ``[0, 2, 1, 3]``, so ``sample(prompts * G)`` lists
-    each prompt's completions together, as ``sample(prompts, num_samples=G)`` does.
-    """
-    groups: dict[tuple[tuple[int, ...], str | None], list[int]] = {}
-    for index, prompt in enumerate(prompts):
-        groups.setdefault(prompt.group_key, []).append(index)
-    return [index for members in groups.values() for index in members]
-
-
 def build_response(prompts: list[Prompt], generation: Generation, stop: StopCriteria) -> SampleResponse:
-    """Attach text, the conversation and a ready-to-train feature to every completion, in :func:`prompt_major` order.
+    """Attach text, the conversation and a ready-to-train feature to every completion, prompt-major.
 
     ``generation`` holds ``num_samples`` completions per input in input order;
-    each sequence records the input it answers (``input_index``).
+    the response lists identical prompts' completions together
+    (:func:`twinkle.data_format.prompt_major`: ``[p0, p1, p0, p1]`` answers as
+    inputs ``0, 2, 1, 3``), each recording the input it answers.
     """
     num_samples = len(generation.completions) // len(prompts)
     sequences = []
-    for input_index in prompt_major(prompts):
+    for input_index in prompt_major([prompt.group_key for prompt in prompts]):
         prompt = prompts[input_index]
         for completion in generation.completions[input_index * num_samples : (input_index + 1) * num_samples]:
             text = stop.visible_text(completion.tokens)
@@ -89,6 +80,7 @@ def build_response(prompts: list[Prompt], generation: Generation, stop: StopCrit
                     decoded=text,
                     new_input_feature=_training_feature(prompt, completion.tokens, text),
                     input_index=input_index,
+                    adapter_name=prompt.adapter,
                 )
             )
     return SampleResponse(

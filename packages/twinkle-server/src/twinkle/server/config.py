@@ -4,12 +4,15 @@ Every problem in a file is reported at once, each naming its key path
 (``users.alice.quotas.max_rank``), so ``twinkle server check-config`` can list
 them all before a deployment instead of failing on the first. Relative paths in
 a file are resolved against the file's folder, so a config works from any cwd.
+A file in seed 004's Ray Serve layout (``applications:``, ``http_options:``, ...)
+is read as the native keys it means (:mod:`twinkle.server.config_layout`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,10 +20,12 @@ from typing import Any
 import yaml
 
 from twinkle.errors import ConfigurationError
+from twinkle.server.config_layout import from_applications_layout, uses_applications_layout
 from twinkle.server.store.base import check_user_name
 
 DEFAULT_STATE_DIR = "~/.twinkle/server"
 MIN_API_KEY_LENGTH = 16  # keys are stored as a fast sha256, which is only safe for long random keys
+DEVICE = re.compile(r"(cpu|cuda|npu|mps|xpu)(:\d+)?")
 
 
 @dataclass
@@ -46,6 +51,8 @@ class ServerConfig:
     """Everything ``twinkle server`` needs; ``database`` and ``checkpoint_dir`` default to inside ``state_dir``."""
 
     model_id: str = "builtin://qwen3-tiny"
+    # The base model's device ("cpu", "cuda", "cuda:1", ...); None: a GPU when there is one, else the CPU.
+    device: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
     state_dir: Path = Path(DEFAULT_STATE_DIR)
@@ -103,6 +110,7 @@ _TOP: dict[str, type] = {
     "model_id": str,
     "host": str,
     "port": int,
+    "device": str,
     "state_dir": str,
     "database": str,
     "checkpoint_dir": str,
@@ -117,7 +125,7 @@ _TOP: dict[str, type] = {
     "users": dict,
     "quotas": dict,
 }
-_NULLABLE = {"database", "checkpoint_dir", "api_keys_file", "users"}
+_NULLABLE = {"device", "database", "checkpoint_dir", "api_keys_file", "users"}
 _PATHS = ("state_dir", "database", "checkpoint_dir", "api_keys_file")
 _QUOTAS: dict[str, type] = {
     "max_adapters": int,
@@ -137,10 +145,11 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> ServerConfi
     if unknown:
         raise ConfigurationError(f"unknown server option(s) {unknown}; known: {sorted(_TOP)}")
     data, base_dir, problems = _read(Path(path)) if path is not None else ({}, Path.cwd(), [])
+    data, layout_problems = _native(data)
     for key, value in overrides.items():
         if value is not None:  # flags are relative to the cwd, not to the config file
             data[key] = str(Path(value).expanduser().absolute()) if key in _PATHS else value
-    problems = problems or _problems(data, base_dir)
+    problems = problems or layout_problems + _problems(data, base_dir)
     where = f"config {path}" if path is not None else "server options"
     if problems:
         raise ConfigurationError(f"{where} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
@@ -150,7 +159,15 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> ServerConfi
 def check_config(path: str | Path) -> list[str]:
     """Every problem in the config file at ``path``; an empty list means it loads."""
     data, base_dir, problems = _read(Path(path))
-    return problems or _problems(data, base_dir)
+    data, layout_problems = _native(data)
+    return problems or layout_problems + _problems(data, base_dir)
+
+
+def _native(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``data`` in native keys (a seed-004 layout translated), and what of the layout has no native form."""
+    if not uses_applications_layout(data):
+        return data, []
+    return from_applications_layout(data, ServerConfig.model_id)
 
 
 def _read(path: Path) -> tuple[dict[str, Any], Path, list[str]]:
@@ -176,6 +193,8 @@ def _problems(data: dict[str, Any], base_dir: Path) -> list[str]:
     for key in ("model_id", "host"):
         if not merged[key].strip():
             problems.append(f"{key}: must not be empty")
+    if merged["device"] is not None and not DEVICE.fullmatch(merged["device"]):
+        problems.append(f"device: {merged['device']!r} is not a device such as 'cpu', 'cuda' or 'cuda:1'")
     if merged["replicas"] != 1 and not merged["ray"]:
         problems.append(f"replicas: {merged['replicas']} replicas need ray: true (or --ray)")
     for key in ("max_loras", "max_rank", "session_timeout_s", "tinker_chunk_datums", "replicas"):

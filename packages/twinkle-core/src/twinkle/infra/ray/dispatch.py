@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
+from twinkle.data_format import SampleResponse
 from twinkle.errors import InvalidInputError
 from twinkle.infra.device_mesh import DeviceMesh
 
@@ -71,9 +72,12 @@ def merge(results: Sequence[Any]) -> Any:
     batch order; dicts and dataclasses merge field by field; anything else is
     taken from the first worker: a model reduces its scalars (loss, token
     counts, metrics) over its data-parallel ranks, so every worker holds the
-    global figure.
+    global figure. Samplers' responses are regrouped prompt-major
+    (:meth:`SampleResponse.concatenate`), as one sampler would have ordered them.
     """
     first = results[0]
+    if isinstance(first, SampleResponse):
+        return SampleResponse.concatenate(results)
     if is_dataclass(first) and not isinstance(first, type):
         return replace(first, **{f.name: merge([getattr(r, f.name) for r in results]) for f in fields(first) if f.init})
     if isinstance(first, dict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from twinkle.errors import InvalidInputError
 from twinkle.server.app.calls import checkpoint_directory, checkpoint_path, delete_checkpoint
@@ -63,7 +64,7 @@ def sampler_adapter_name(user: str, target: CheckpointPath) -> str:
     return f"ckpt:{user}:{target.run_id}/{target.store_name}"
 
 
-def source_lora_config(caller: Caller, target: CheckpointPath) -> dict:
+def source_lora_config(caller: Caller, target: CheckpointPath) -> dict[str, Any]:
     run = caller.state.store.get_run(caller.user, target.run_id)
     if run is None or run.lora_config is None:
         raise InvalidInputError(f"{target.tinker_path!r} is not a LoRA checkpoint: Tinker trains LoRA adapters only")

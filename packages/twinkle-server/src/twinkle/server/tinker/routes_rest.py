@@ -10,9 +10,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from twinkle.errors import InvalidInputError, ResourceNotFoundError
+from twinkle.server.app.http import read_body
 from twinkle.server.store.base import Checkpoint, Run
 from twinkle.server.tinker import checkpoints
-from twinkle.server.tinker.http import PREFIX, owned_run, read_body, reply, tinker_caller
+from twinkle.server.tinker.http import PREFIX, owned_run, reply, tinker_caller
 from twinkle.server.tinker.jobs import Caller
 from twinkle.server.tinker.paths import CheckpointPath, parse_checkpoint_id, parse_path
 

@@ -7,7 +7,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from twinkle.errors import ResourceNotFoundError
-from twinkle.server.tinker.http import PREFIX, read_body, reply, tinker_caller
+from twinkle.server.app.http import read_body
+from twinkle.server.tinker.http import PREFIX, reply, tinker_caller
 
 router = APIRouter(prefix=PREFIX)
 

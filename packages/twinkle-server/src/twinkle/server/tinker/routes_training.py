@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -32,7 +33,12 @@ logger = get_logger(__name__)
 
 
 def _new_run(
-    caller: Caller, session_id: str, model_seq_id: int, config: dict, metadata: dict, then: FunctionTask | None
+    caller: Caller,
+    session_id: str,
+    model_seq_id: int,
+    config: dict[str, Any],
+    metadata: dict[str, Any],
+    then: FunctionTask | None,
 ) -> JSONResponse:
     """Record and load a new model (its first request, seq 0); ``then`` (a load) runs right after and replies."""
     state, user = caller.state, caller.user

@@ -115,7 +115,9 @@ class ServeEngine:
             logging_config=quiet,
         )
         self._handle = serve.run(
-            deployment.bind(config.model_id, config.max_loras, config.max_rank), name=APP, route_prefix=None
+            deployment.bind(config.model_id, config.max_loras, config.max_rank, config.device),
+            name=APP,
+            route_prefix=None,
         )
         live.subscribe(APP, self._on_replicas)  # before the first call, which starts this process's router
         with ThreadPoolExecutor(1) as thread:  # Serve refuses blocking calls on an event loop (the app's lifespan)

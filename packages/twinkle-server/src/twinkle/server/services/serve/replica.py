@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ray import serve
@@ -22,10 +22,10 @@ from twinkle.server.services.pool import ModelPool
 
 
 class ModelReplica:
-    def __init__(self, model_id: str, max_loras: int, max_rank: int) -> None:
+    def __init__(self, model_id: str, max_loras: int, max_rank: int, device: str | None = None) -> None:
         _serve_internal_grpc_on_loopback()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
-        self.pool = ModelPool(model_id, max_loras, max_rank)
+        self.pool = ModelPool(model_id, max_loras, max_rank, device)
         self._lock = threading.Lock()
 
     async def info(self, replica_id: str | None) -> dict[str, Any]:
@@ -57,7 +57,7 @@ def _serve_internal_grpc_on_loopback() -> None:
     bind it to 127.0.0.1, as every other socket here, before Serve starts it (after this constructor)."""
     from ray.serve._private import replica as serve_replica
 
-    add_port = serve_replica.add_port_to_grpc_server
+    add_port: Callable[[Any, str], int] = serve_replica.add_port_to_grpc_server
     if getattr(add_port, "twinkle_loopback", False):
         return
 

@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Start the Twinkle server from server_config.yaml (Transformers back-end); arguments are `twinkle server`
+# flags, e.g. `bash run.sh --port 8001 --state-dir /tmp/twinkle-server`. PYTHON picks the interpreter.
+set -euo pipefail
+exec "${PYTHON:-python}" "$(dirname "$0")/server.py" "$@"
