@@ -1,11 +1,15 @@
-"""The cookbook recipes run end to end as a user runs them (shrunk through their environment knobs).
+"""Every cookbook runs in CI as a user runs it, shrunk through its environment knobs, and is checked on what it prints.
 
-``rl/dpo.py`` runs in ``test_torchrun_dpo.py``, in one process and under torchrun.
+Each script runs once, in the test that checks it most (``COVERED_BY``); this module runs the ones no
+other test needs.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,30 +17,65 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+COOKBOOK = REPO_ROOT / "cookbook"
 
-RECIPES = {
-    "sft/self_cognition.py": ({"EPOCHS": "1", "BATCH_SIZE": "16"}, r"loss: first step", "loss.png"),
-    "rl/grpo.py": (
-        {"WARMUP_STEPS": "2", "MAX_STEPS": "2", "BATCH_SIZE": "2", "NUM_GENERATIONS": "2", "MAX_NEW_TOKENS": "4"},
-        r"mean reward: first 10 steps",
-        "reward.png",
-    ),
+COVERED_BY = {
+    "sft/self_cognition.py": "integration-tests/test_torchrun_sft.py",  # one process, then DDP and FSDP2
+    "sft/full.py": "integration-tests/test_cookbooks.py",
+    "rl/dpo.py": "integration-tests/test_torchrun_dpo.py",  # one process, then DDP and FSDP2
+    "rl/grpo.py": "integration-tests/test_ray_grpo.py",  # in one process, against the Ray run
+    "rl/grpo_ray.py": "integration-tests/test_ray_grpo.py",
+    **{
+        f"client/{client}/self_host/{script}": "integration-tests/server/test_client_cookbooks.py"
+        for client, scripts in {
+            "twinkle": ["self_cognition.py", "dpo.py", "short_math_grpo.py", "sample.py"],
+            "tinker": ["self_cognition.py", "dpo.py", "short_math_grpo.py", "sample.py", "lora.py"],
+        }.items()
+        for script in scripts
+    },
 }
 
 
-@pytest.mark.parametrize("recipe", list(RECIPES))
-def test_recipe_runs_and_writes_its_outputs(recipe, tmp_path):
-    knobs, expected, figure = RECIPES[recipe]
-    env = {**os.environ, **knobs, "OUTPUT_DIR": str(tmp_path), "MPLBACKEND": "Agg"}
+def test_every_cookbook_has_a_test_that_runs_it():
+    # cookbook/client/server/ holds server launchers, not training scripts.
+    scripts = {
+        str(path.relative_to(COOKBOOK))
+        for path in COOKBOOK.rglob("*.py")
+        if not path.relative_to(COOKBOOK).parts[:2] == ("client", "server")
+    }
+    assert scripts == set(COVERED_BY), "map every cookbook to the test that runs it"
+    for script, test in COVERED_BY.items():
+        runner = "/".join(Path(script).parts[-3:]) if script.startswith("client/") else Path(script).name
+        assert runner in (REPO_ROOT / test).read_text(), f"{test} does not run {script}"
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_full_parameter_sft_trains_every_batch_of_every_epoch(tmp_path):
+    from twinkle.dataset import Dataset, DatasetMeta
+
+    epochs, batch_size = 2, 54
+    knobs = {"EPOCHS": str(epochs), "BATCH_SIZE": str(batch_size), "MAX_NEW_TOKENS": "2"}
     completed = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "cookbook" / recipe)],
+        [sys.executable, str(COOKBOOK / "sft" / "full.py")],
         cwd=tmp_path,
-        env=env,
+        env={**os.environ, **knobs, "OUTPUT_DIR": str(tmp_path), "MPLBACKEND": "Agg"},
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    assert expected in completed.stdout, completed.stdout[-2000:]
-    if figure:
-        assert (tmp_path / figure).stat().st_size > 0
+    batches = math.ceil(len(Dataset(DatasetMeta("builtin://self-cognition"))) / batch_size)
+    losses = json.loads((tmp_path / "loss.json").read_text())
+    assert len(losses) == epochs * batches
+    line = re.search(
+        r"^loss: first step (\S+) -> last step (\S+) \((\d+) steps, (\d+) epochs of (\d+) batches\)",
+        completed.stdout,
+        re.M,
+    )
+    assert line, completed.stdout[-2000:]
+    assert (int(line[3]), int(line[4]), int(line[5])) == (epochs * batches, epochs, batches)
+    assert float(line[2]) < float(line[1])
+    assert (tmp_path / "loss.png").stat().st_size > 0
+    checkpoint = tmp_path / "last-checkpoint"  # a complete model, not an adapter
+    assert (checkpoint / "model.safetensors").is_file() and not (checkpoint / "adapter_model.safetensors").exists()

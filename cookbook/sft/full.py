@@ -35,7 +35,8 @@ def main() -> None:
     dataloader = create_dataloader(components)
     model = components.TransformersModel(model_id=MODEL_ID)  # no adapter: all parameters train
     model.set_optimizer("AdamW", lr=LEARNING_RATE, weight_decay=0.01)
-    model.set_lr_scheduler("CosineWarmupScheduler", num_warmup_steps=5, num_training_steps=EPOCHS * len(dataloader))
+    steps = EPOCHS * len(dataloader)  # the schedule's length; MAX_STEPS stops early on it
+    model.set_lr_scheduler("CosineWarmupScheduler", num_warmup_steps=min(5, steps), num_training_steps=steps)
     losses = train(model, dataloader, EPOCHS, MAX_STEPS)
     os.makedirs(OUTPUT_DIR, exist_ok=True)
     save_loss_curve(losses, os.path.join(OUTPUT_DIR, "loss.png"), title="Full-parameter SFT on self-cognition")

@@ -134,9 +134,7 @@ def _lora_params(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
 
 
 def _reference_logps(model: torch.nn.Module, feature: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``logits[T, V]`` and ``logps[T]``: log p(labels[t] | tokens < t) on trained positions, 0 elsewhere.
-
-    """
+    """``logits[T, V]`` and ``logps[T]``: log p(labels[t] | tokens < t) on trained positions, 0 elsewhere."""
     ids = torch.tensor([feature["input_ids"]])
     logits = model(input_ids=ids).logits[0]
     labels = torch.tensor(feature["labels"])

@@ -64,6 +64,10 @@ def _layout() -> dict:
     return yaml.safe_load(LAYOUT)
 
 
+def _has(problems: list[str], start: str) -> bool:
+    return any(problem.startswith(start) for problem in problems)
+
+
 def _app(data: dict, kind: str) -> dict:
     return next(app for app in data["applications"] if app["import_path"] == kind)
 
@@ -72,7 +76,8 @@ def test_the_layout_maps_onto_native_keys(tmp_path):
     path = _write(tmp_path, LAYOUT)
     assert check_config(path) == []
     config = load_config(path)
-    assert (config.model_id, config.host, config.port, config.max_loras) == ("builtin://qwen3-tiny", "127.0.0.1", 8123, 6)
+    assert (config.model_id, config.host, config.port) == ("builtin://qwen3-tiny", "127.0.0.1", 8123)
+    assert config.max_loras == 6
     assert (config.replicas, config.ray, config.device) == (2, True, "cpu")  # 2 replicas are Ray Serve's
     assert config.quotas == Quotas(max_adapters=3, max_rank=64, max_tokens_per_request=4096, requests_per_second=20.0)
     assert config.state_dir == tmp_path / "state"  # native keys sit next to the layout
@@ -97,12 +102,12 @@ def test_what_the_server_does_not_have_yet_is_named_with_its_issue(tmp_path):
     _app(data, "model")["args"]["backend"] = "megatron"
     problems = check_config(_write(tmp_path, data))
     assert "use_megatron: the Megatron back-end is not available yet (issue 17); use backend: transformers" in problems
-    assert any(p.startswith("applications[1].args.backend: the Megatron back-end") for p in problems)
+    assert _has(problems, "applications[1].args.backend: the Megatron back-end")
     assert (
         "applications[2].args.sampler_type: sampling with vLLM in the server is not available yet (issue 19); "
         "use sampler_type: torch" in problems
     )
-    assert any(p.startswith("applications[2].args.engine_args: vLLM engine options") for p in problems)
+    assert _has(problems, "applications[2].args.engine_args: vLLM engine options")
     assert len(problems) == 4
 
 
@@ -147,8 +152,8 @@ def test_names_of_the_one_base_model_must_agree(tmp_path):
     _app(data, "sampler")["args"]["model_id"] = "builtin://other"
     _app(data, "sampler")["args"]["device_group"]["device_type"] = "cuda"
     problems = check_config(_write(tmp_path, data))
-    assert any(p.startswith("applications[0].args.supported_models[0]: 'Qwen/Qwen3.5-4B': the server hosts") for p in problems)
-    assert any(p.startswith("applications[2].args.model_id: 'builtin://other': the server samples the model") for p in problems)
+    assert _has(problems, "applications[0].args.supported_models[0]: 'Qwen/Qwen3.5-4B': the server hosts")
+    assert _has(problems, "applications[2].args.model_id: 'builtin://other': the server samples the model")
     assert any("disagrees with" in p and "device_group" in p for p in problems)  # the sampler shares the model's device
 
 
@@ -165,8 +170,8 @@ def test_applications_must_be_the_servers_own_kinds_one_each(tmp_path):
     data["applications"].append({"name": "custom", "import_path": "my_package.app:build"})
     data["applications"].append(dict(_app(data, "model")))
     problems = check_config(_write(tmp_path, data))
-    assert any(p.startswith("applications[4].import_path: 'my_package.app:build': one of server, model") for p in problems)
-    assert any(p.startswith("applications[5]: a second model application (the first is applications[1])") for p in problems)
+    assert _has(problems, "applications[4].import_path: 'my_package.app:build': one of server, model")
+    assert _has(problems, "applications[5]: a second model application (the first is applications[1])")
     data = {"applications": [_app(_layout(), "server")]}
     assert "applications: no model application (import_path: model) to name the base model" in check_config(
         _write(tmp_path, data)

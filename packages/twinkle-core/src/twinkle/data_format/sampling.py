@@ -134,7 +134,8 @@ class SampleResponse(Serializable):
                     "SampleResponse.concatenate: every part needs prompt_token_ids and an input_index on every "
                     "sequence (twinkle.sampler.Sampler's responses have both)"
                 )
-            sequences.extend(replace(s, input_index=len(prompt_ids) + s.input_index) for s in part.sequences)
+            offset = len(prompt_ids)  # below: no input_index is None (checked above; mypy cannot see into any())
+            sequences.extend(replace(s, input_index=offset + s.input_index) for s in part.sequences)  # type: ignore[operator]
             prompt_ids.extend(part.prompt_token_ids)
         order = prompt_major([(tuple(prompt_ids[s.input_index]), s.adapter_name) for s in sequences])  # type: ignore[index]
         return cls(

@@ -42,7 +42,8 @@ def unsupervised_rows(data: datasets.Dataset) -> list[int]:
     trained = pc.not_equal(pc.list_flatten(after_first), ignored)
     supervised = pc.unique(pc.list_parent_indices(after_first).filter(trained))
     rows = pa.array(range(len(data)), type=supervised.type)
-    return pc.indices_nonzero(pc.invert(pc.is_in(rows, value_set=supervised))).to_pylist()
+    without = pc.indices_nonzero(pc.invert(pc.is_in(rows, value_set=supervised)))
+    return [int(index) for index in without.to_pylist()]
 
 
 def check_supervision(

@@ -64,9 +64,9 @@ def _application(r: LayoutReader, application: Any, where: str) -> None:
     if replicas is None:
         return
     if kind == "model":
-        r.set("replicas", replicas, f"{where}.deployments")
+        r.assign("replicas", replicas, f"{where}.deployments")
         if replicas > 1 and "ray" not in r.set_by:
-            r.set("ray", True, f"{where}.deployments")
+            r.assign("ray", True, f"{where}.deployments")
     elif replicas != 1:
         r.problem(
             f"{where}.deployments",
@@ -96,7 +96,7 @@ def _gateway_state(r: LayoutReader, settings: dict[str, Any], where: str) -> Non
         at = f"{where}.{key}"
         if key == "per_token_model_limit":
             if r.typed(value, int, at):
-                r.set("quotas.max_adapters", value, at)
+                r.assign("quotas.max_adapters", value, at)
         elif key == "expiration_timeout":
             r.problem(at, "not supported: a session ends session_timeout_s after its last heartbeat")
         elif key in ("cleanup_interval", "metrics_update_interval", "actor_name"):
@@ -111,7 +111,7 @@ def _model_args(r: LayoutReader, args: dict[str, Any], where: str) -> None:
         at = f"{where}.{key}"
         if key in ("model_id", "max_loras"):
             if r.typed(value, str if key == "model_id" else int, at):
-                r.set(key, value, at)
+                r.assign(key, value, at)
         elif key == "backend":
             if value == "megatron":
                 r.problem(at, MEGATRON)
@@ -183,7 +183,7 @@ def _device(r: LayoutReader, args: dict[str, Any], where: str) -> None:
     """The model and the sampler (which runs next to it) name the native ``device``; they must agree."""
     device = devices(r, args, where)
     if device is not None:
-        r.set("device", device, f"{where}.device_group")
+        r.assign("device", device, f"{where}.device_group")
 
 
 _READERS = {"server": _server_args, "model": _model_args, "sampler": _sampler_args, "processor": _processor_args}

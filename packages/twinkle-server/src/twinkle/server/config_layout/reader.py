@@ -27,7 +27,7 @@ class LayoutReader:
         self.supported_models: tuple[str, list[Any]] | None = None  # (where, names)
         self.sampler_model: tuple[str, str] | None = None  # (where, model id)
 
-    def set(self, key: str, value: Any, where: str) -> None:
+    def assign(self, key: str, value: Any, where: str) -> None:
         """Native ``key`` (``quotas.<name>`` for a quota) is ``value``, unless something set it differently."""
         section, _, name = key.rpartition(".")
         target = self.native.setdefault(section, {}) if section else self.native

@@ -14,7 +14,7 @@ def http_options(r: LayoutReader, value: Any, where: str) -> None:
     for key, item in r.mapping(value, where).items():
         if key in ("host", "port"):
             if r.typed(item, str if key == "host" else int, f"{where}.{key}"):
-                r.set(key, item, f"{where}.{key}")
+                r.assign(key, item, f"{where}.{key}")
         else:
             r.problem(f"{where}.{key}", "not supported: the server listens on host and port only")
 
@@ -55,10 +55,10 @@ def task_queue(r: LayoutReader, value: Any, where: str) -> None:
         at = f"{where}.{key}"
         if key == "rps_limit":
             if r.typed(item, float, at):
-                r.set("quotas.requests_per_second", float(item), at)
+                r.assign("quotas.requests_per_second", float(item), at)
         elif key == "max_input_tokens":
             if r.typed(item, int, at):
-                r.set("quotas.max_tokens_per_request", item, at)
+                r.assign("quotas.max_tokens_per_request", item, at)
         elif key == "enabled":
             if item is not True:
                 r.problem(at, "rate limits cannot be turned off; raise quotas.requests_per_second instead")
