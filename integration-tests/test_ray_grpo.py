@@ -46,6 +46,9 @@ def test_ray_grpo_equals_the_in_process_run_and_its_ray_is_private(tmp_path):
     assert rewards == [step["reward/total/mean"] for step in ray_steps]
     assert [_without(step, TIMING) for step in local_steps] == [_without(step, TIMING) for step in ray_steps]
     assert _last_line(in_process, "last completion:") == _last_line(on_ray, "last completion:")
+    for output, output_dir in ((in_process, tmp_path / "in-process"), (on_ray, tmp_path / "ray")):  # their reports
+        assert re.search(r"^mean reward: first 10 steps \S+ -> last 10 steps \S+ .*; adapter saved to ", output, re.M)
+        assert (output_dir / "reward.png").stat().st_size > 0
 
     assert {"gcs_server", "raylet"} <= {name for name, _ in listeners.values()}
     assert all(LOOPBACK.match(address) for _, address in listeners.values()), listeners

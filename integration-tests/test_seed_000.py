@@ -75,7 +75,9 @@ def test_seed_000_grpo_listing_samples_the_policy_it_trains(tmp_path):
     script.write_text(listing("000", "import os", SUBSTITUTIONS, end_marker="    main()"))
     env = {**os.environ, **KNOBS, "MODEL_ID": _half_formatted_model(tmp_path / "warm-up")}
     env.pop("RAY_ADDRESS", None)  # a private local Ray, stopped with the script
-    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     assert f"Training completed. optim_steps={MAX_STEPS}" in run.stdout
 

@@ -59,6 +59,7 @@ def eval_features() -> list:
 def one_process(tmp_path_factory, eval_features) -> tuple[list[float], float]:
     output_dir = tmp_path_factory.mktemp("one-process")
     losses = _run_cookbook(output_dir, CPU_ONLY)
+    assert (output_dir / "loss.png").stat().st_size > 0  # also the cookbook's own end-to-end run
     return losses, _eval_loss(output_dir / "last-checkpoint", eval_features)
 
 

@@ -105,8 +105,10 @@ def test_limits_and_unsupported_options_are_named():
         model.add_adapter_to_model("big", LoraConfig(r=8, target_modules=["q_proj"]))
     with pytest.raises(ConfigurationError, match=r"uses DoRA"):
         model.add_adapter_to_model("dora", LoraConfig(r=2, target_modules=["q_proj"], use_dora=True))
-    with pytest.raises(ConfigurationError, match=r"output layer"):
-        model.add_adapter_to_model("head", LoraConfig(r=2, target_modules=["lm_head"]))
+    with pytest.raises(ConfigurationError, match=r"ensure_weight_tying"):
+        model.add_adapter_to_model("tied", LoraConfig(r=2, target_modules=["lm_head"], ensure_weight_tying=True))
+    with pytest.raises(ConfigurationError, match=r"'all-linear' is a shorthand only as the whole target_modules"):
+        model.add_adapter_to_model("mixed", LoraConfig(r=2, target_modules=["all-linear", "lm_head"]))
     with pytest.raises(ConfigurationError, match=r"match no linear layer"):
         model.add_adapter_to_model("none", LoraConfig(r=2, target_modules=["no_such_proj"]))
     with pytest.raises(ConfigurationError, match=r"trains LoRA adapters only"):

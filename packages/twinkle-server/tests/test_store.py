@@ -148,10 +148,92 @@ def test_checkpoints(store, clock):
     names = [(c.name, c.path) for c in store.list_checkpoints("alice", run.id)]
     assert names == [("step-2", "/ckpt/step-2"), ("step-1", "/ckpt/step-1b")]
     assert store.get_checkpoint("alice", run.id, "step-1") == resaved
-    assert resaved.to_dict() == {"name": "step-1", "path": "/ckpt/step-1b", "created_at": clock.now}
+    assert resaved.to_dict() == {"name": "step-1", "path": "/ckpt/step-1b", "created_at": clock.now, "expires_at": None}
     assert store.delete_checkpoint("alice", run.id, "step-1")
     assert not store.delete_checkpoint("alice", run.id, "step-1")
     assert store.get_checkpoint("alice", run.id, "step-1") is None
+
+
+def test_a_checkpoint_with_a_ttl_is_listed_with_its_expiry_and_never_returned_after_it(store, clock):
+    session = store.create_session("alice")
+    run = store.create_run("alice", session.id, {"r": 8})
+    saved = store.add_checkpoint("alice", run.id, "short", "/short", ttl_seconds=2)
+    store.add_checkpoint("alice", run.id, "kept", "/kept")
+    assert saved.expires_at == clock.now + 2
+    assert store.get_checkpoint("alice", run.id, "short") == saved
+    assert [(c.name, c.expires_at) for c in store.list_checkpoints("alice", run.id)] == [
+        ("short", clock.now + 2),
+        ("kept", None),
+    ]
+    assert store.expired_checkpoints() == []
+    clock.now += 2  # the TTL has run out: gone for every reader, though the record is still there
+    assert store.get_checkpoint("alice", run.id, "short") is None
+    assert [c.name for c in store.list_checkpoints("alice", run.id)] == ["kept"]
+    assert store.set_checkpoint_ttl("alice", run.id, "short", 100) is None  # too late to extend it
+    assert not store.delete_checkpoint("alice", run.id, "short")  # the reaper's to delete, with its files
+    assert store.expired_checkpoints() == [("alice", saved)]
+    assert not store.delete_expired_checkpoint("bob", run.id, "short")  # another user's id is an unknown one
+    assert store.delete_expired_checkpoint("alice", run.id, "short")
+    assert store.expired_checkpoints() == []
+    assert not store.delete_expired_checkpoint("alice", run.id, "kept")  # it never expires
+
+
+def test_a_checkpoints_ttl_can_be_set_cleared_and_reset_by_a_resave(store, clock):
+    session = store.create_session("alice")
+    run = store.create_run("alice", session.id, {"r": 8})
+    store.add_checkpoint("alice", run.id, "c", "/c")
+    clock.now += 10
+    assert store.set_checkpoint_ttl("alice", run.id, "c", 5).expires_at == clock.now + 5  # from now, not the save
+    assert store.set_checkpoint_ttl("bob", run.id, "c", 5) is None
+    assert store.set_checkpoint_ttl("alice", run.id, "missing", 5) is None
+    assert store.set_checkpoint_ttl("alice", run.id, "c", None).expires_at is None
+    store.set_checkpoint_ttl("alice", run.id, "c", 1)
+    clock.now += 0.5
+    resaved = store.add_checkpoint("alice", run.id, "c", "/c2")  # a re-save without a TTL keeps it
+    clock.now += 1
+    assert store.get_checkpoint("alice", run.id, "c") == resaved and resaved.expires_at is None
+    assert store.expired_checkpoints() == []
+
+
+@pytest.mark.parametrize(
+    "ttl, message",
+    [
+        (-1, "must be > 0 .*, got -1"),
+        (0, "must be > 0 .*, got 0"),
+        (float("nan"), "must be > 0 .*, got nan"),
+        (float("inf"), "must be > 0 .*, got inf"),
+        (11 * 365 * 24 * 3600, r"must be > 0 and at most 315360000 \(10 years\), got 346896000"),
+        ("60", r"must be a number of seconds \(or null to keep the checkpoint\), got '60'"),
+        (True, "must be a number of seconds .*, got True"),
+    ],
+)
+def test_bad_ttls_are_refused_and_change_nothing(store, ttl, message):
+    session = store.create_session("alice")
+    run = store.create_run("alice", session.id, {"r": 8})
+    kept = store.add_checkpoint("alice", run.id, "c", "/c", ttl_seconds=60)
+    with pytest.raises(InvalidInputError, match=f"ttl_seconds {message}"):
+        store.add_checkpoint("alice", run.id, "d", "/d", ttl_seconds=ttl)
+    with pytest.raises(InvalidInputError, match=f"ttl_seconds {message}"):
+        store.set_checkpoint_ttl("alice", run.id, "c", ttl)
+    assert store.list_checkpoints("alice", run.id) == [kept]
+
+
+def test_a_version_3_database_gains_checkpoint_expiry(tmp_path):
+    path = tmp_path / "twinkle.db"
+    conn = sqlite3.connect(path)
+    for statements in MIGRATIONS[:3]:
+        for statement in statements:
+            conn.execute(statement)
+    conn.execute("INSERT INTO users VALUES ('alice', 0)")
+    conn.execute("INSERT INTO sessions VALUES ('ses-1', 'alice', 0, 0, 0)")
+    conn.execute("""INSERT INTO runs VALUES ('run-1', 'alice', 'ses-1', '{"r": 4}', 1, 0, 1, NULL, NULL)""")
+    conn.execute("INSERT INTO checkpoints VALUES ('run-1', 'old', '/old', 0)")
+    conn.execute("PRAGMA user_version = 3")
+    conn.commit()
+    conn.close()
+    with SQLiteStore(path) as store:
+        (old,) = store.list_checkpoints("alice", "run-1")
+        assert (old.name, old.expires_at) == ("old", None)  # saved before TTLs: kept until deleted
 
 
 def test_futures_lifecycle_and_idempotency(store, clock):

@@ -22,6 +22,7 @@ LORA_RANK, MODEL_ID (the server's base model).
 
 import itertools
 import os
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +47,7 @@ EVAL_PAIRS = int(os.environ.get("EVAL_PAIRS", 0))
 BETA = float(os.environ.get("BETA", 0.1))
 LEARNING_RATE = float(os.environ.get("LR", 2e-3))
 LORA_RANK = int(os.environ.get("LORA_RANK", 16))
+LossFn = Callable[[list[types.Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 
 
 def create_dataset(split: str) -> Dataset:
@@ -77,7 +79,7 @@ def reference_logps(reference: SamplingClient, data: list[types.Datum]) -> list[
     return sums
 
 
-def dpo_loss(reference: list[float]):
+def dpo_loss(reference: list[float]) -> LossFn:
     """The DPO loss of a batch laid out as :func:`as_pairs` lays it out, against these reference log-probs."""
 
     def loss_fn(data: list[types.Datum], logprobs: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:

@@ -19,7 +19,10 @@ TWINKLE_BASE_URL defaults to http://127.0.0.1:8000. Knobs: EPOCHS, STEPS_PER_EPO
 MAX_NEW_TOKENS, MODEL_ID (the server's base model).
 """
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +31,9 @@ from twinkle import init_tinker_client
 init_tinker_client()  # TINKER_BASE_URL / TINKER_API_KEY from TWINKLE_BASE_URL / TWINKLE_API_KEY
 
 from tinker import ServiceClient, types  # noqa: E402 (after init_tinker_client)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 MODEL_ID = os.environ.get("MODEL_ID", "builtin://qwen3-tiny")
 RESUME_PATH = os.environ.get("RESUME_PATH", "")
@@ -52,7 +58,7 @@ def prompt_text(english: str) -> str:
     return f"English: {english}\nPig Latin:"
 
 
-def make_datum(tokenizer, english: str, pig_latin: str) -> types.Datum:
+def make_datum(tokenizer: PreTrainedTokenizerBase, english: str, pig_latin: str) -> types.Datum:
     """Prompt tokens weigh 0 (not trained), answer tokens 1; inputs and targets are the tokens shifted by one."""
     prompt = tokenizer.encode(prompt_text(english), add_special_tokens=True)
     answer = tokenizer.encode(f" {pig_latin}\n\n", add_special_tokens=False)

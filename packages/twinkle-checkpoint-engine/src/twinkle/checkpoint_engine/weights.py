@@ -30,11 +30,12 @@ def lora_payload(model: PeftModel, adapter_name: str) -> tuple[Any, dict[str, to
 def merged_weights(model: torch.nn.Module, adapter_name: str | None) -> Iterator[tuple[str, torch.Tensor]]:
     """Every weight under the base model's own names; LoRA layers of ``adapter_name`` as ``W + scaling·B·A``.
 
-    Weights shared by several names (tied embeddings) are sent once.
+    Weights shared by several names (tied embeddings) are sent once. An adapter
+    on a tied weight (``lm_head`` sharing the input embedding's) is refused:
+    merged into the shared tensor, its update would reach the embedding too.
     """
     if not isinstance(model, PeftModel) or adapter_name is None:
-        yield from _once(model.state_dict().items())
-        return
+        return _once(model.state_dict().items())
     _checked_config(model, adapter_name)
     base = model.get_base_model()
     lora_layers = {
@@ -42,8 +43,26 @@ def merged_weights(model: torch.nn.Module, adapter_name: str | None) -> Iterator
         for name, module in base.named_modules()
         if isinstance(module, LoraLayer) and adapter_name in module.lora_A
     }
+    weights = base.state_dict()
+    keys_by_tensor: dict[int, list[str]] = {}
+    for key, tensor in weights.items():
+        keys_by_tensor.setdefault(tensor.data_ptr(), []).append(key)
+    for layer_name in lora_layers:
+        weight = weights.get(f"{layer_name}.base_layer.weight")
+        tied = [] if weight is None else keys_by_tensor[weight.data_ptr()]
+        if len(tied) > 1:
+            raise ConfigurationError(
+                f"adapter {adapter_name!r} adapts {layer_name}, whose weight is tied ({', '.join(tied)}): merged, "
+                "the update would change every tied use of it; sync the adapter itself (merge_and_sync=False)"
+            )
+    return _merged(weights, lora_layers, adapter_name)
+
+
+def _merged(
+    weights: dict[str, torch.Tensor], lora_layers: dict[str, LoraLayer], adapter_name: str
+) -> Iterator[tuple[str, torch.Tensor]]:
     with torch.no_grad():
-        for key, tensor in _once(base.state_dict().items()):
+        for key, tensor in _once(weights.items()):
             if any(part.startswith("lora_") for part in key.split(".")):
                 continue  # adapter tensors (this adapter's are merged, others are not part of the base)
             layer_name, _, leaf = key.rpartition(".base_layer.")

@@ -5,6 +5,12 @@ modules, dropout, ``rank_pattern``/``alpha_pattern``, rsLoRA) and owns one
 ``(A, B)`` parameter pair per targeted linear layer. Target modules resolve
 exactly as PEFT resolves them, and the state dict uses PEFT's keys, so a saved
 adapter loads in plain ``peft`` and a PEFT adapter loads here.
+
+The output layer (``lm_head``) may be a target, as in PEFT. When the model
+ties it to the input embedding, the adapter changes the output projection
+only: the shared weight stays frozen and the embedding lookup never sees the
+LoRA update, which is what PEFT computes for a tied ``lm_head`` target
+(without ``ensure_weight_tying``, which would adapt the embedding too).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ _UNSUPPORTED = {
     "layer_replication": "layer_replication",
     "use_qalora": "QA-LoRA",
     "target_parameters": "target_parameters",
+    "ensure_weight_tying": "ensure_weight_tying (LoRA on the tied input embedding too)",
 }
 _INITIALISATIONS = (True, "gaussian")
 
@@ -134,15 +141,17 @@ def target_module_names(model: Any, config: LoraConfig) -> list[str]:
             raise ConfigurationError(f"no default LoRA targets for model type {model_type!r}: set target_modules")
         config = dataclasses.replace(config, target_modules=list(default))  # LoraConfig makes it a set
         targets = config.target_modules
-    if targets == "all-linear" or (isinstance(targets, (set, list)) and "all-linear" in targets):
+    if isinstance(targets, str) and targets.lower() == "all-linear":
         names = [name for name in linears if model.get_submodule(name) is not output_layer]
+    elif not isinstance(targets, str) and "all-linear" in targets:
+        # PEFT would look for a module named "all-linear", so a saved adapter would not load there as trained.
+        raise ConfigurationError(
+            "'all-linear' is a shorthand only as the whole target_modules string, as in PEFT; to add the "
+            "output layer, list the modules (e.g. ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', "
+            "'up_proj', 'down_proj', 'lm_head'])"
+        )
     else:
         names = [name for name in linears if check_target_module_exists(config, name)]
-    if any(model.get_submodule(name) is output_layer for name in names):
-        raise ConfigurationError(
-            "MultiLoraModel cannot put LoRA on the output layer (it runs per token, not per row); "
-            "leave lm_head out of target_modules"
-        )
     if not names:
         raise ConfigurationError(f"target_modules {targets!r} match no linear layer of {type(model).__name__}")
     return names

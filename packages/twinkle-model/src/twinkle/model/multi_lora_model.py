@@ -105,11 +105,32 @@ class MultiLoraModel(TrainingModel):
         return adapter.config, adapter.state_dict()
 
     def merged_weights(self, adapter_name: str | None) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every base weight under its own name, with the adapter merged in (``W + scaling·B·A``), one at a time."""
-        adapter = self._adapters[self._state(adapter_name).name]
+        """Every base weight under its own name, with the adapter merged in (``W + scaling·B·A``), one at a time.
+
+        An adapter on a weight that is tied to another (``lm_head`` sharing the
+        input embedding's) is refused: merged into the shared tensor, its
+        update would reach the embedding too.
+        """
+        name = self._state(adapter_name).name
+        adapter = self._adapters[name]
+        weights = self.model.state_dict()
+        keys_by_tensor: dict[int, list[str]] = {}
+        for key, tensor in weights.items():
+            keys_by_tensor.setdefault(tensor.data_ptr(), []).append(key)
+        for module in adapter.weights:
+            tied = keys_by_tensor[weights[f"{module}.weight"].data_ptr()]
+            if len(tied) > 1:
+                raise ConfigurationError(
+                    f"adapter {name!r} adapts {module}, whose weight is tied ({', '.join(tied)}): merged, the "
+                    "update would change every tied use of it; sync the adapter itself (merge_and_sync=False)"
+                )
+        return self._merged(adapter, weights)
+
+    @staticmethod
+    def _merged(adapter: MultiLoraAdapter, weights: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
         seen: set[int] = set()
         with torch.no_grad():
-            for key, tensor in self.model.state_dict().items():
+            for key, tensor in weights.items():
                 if tensor.data_ptr() in seen:  # tied weights go once
                     continue
                 seen.add(tensor.data_ptr())

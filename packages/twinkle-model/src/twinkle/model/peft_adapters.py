@@ -56,8 +56,13 @@ def adapter_parameters(model: torch.nn.Module, name: str) -> list[torch.nn.Param
 
 
 def adapter_state_dict(model: PeftModel, name: str) -> dict[str, torch.Tensor]:
-    """Adapter ``name``'s tensors under PEFT's saved keys (the adapter name left out)."""
-    return get_peft_model_state_dict(model, adapter_name=name)
+    """Adapter ``name``'s tensors under PEFT's saved keys (the adapter name left out).
+
+    PEFT would also save the frozen base weight of a targeted ``lm_head`` or
+    embedding (``save_embedding_layers='auto'``); it never trains here, and the
+    adapter loads without it, so only the adapter's own tensors are kept.
+    """
+    return get_peft_model_state_dict(model, adapter_name=name, save_embedding_layers=False)
 
 
 def save_adapter(

@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.model.batching import GradGuard
+from twinkle.model.token_logps import output_layer_logps
 from twinkle.model.train_state import TrainState
-from twinkle.module import chunked_token_logps, logps_dtype
 from twinkle.processor import model_inputs
 
 if TYPE_CHECKING:
@@ -211,29 +210,12 @@ def _target_logps(
     }
     hidden_BTH = inner.get_decoder()(**model_inputs(batch)).last_hidden_state
     # Row-major boolean indexing keeps each sequence's positions together and in order.
-    hidden_NH = hidden_BTH[batch["attention_mask"].bool()]
-    logps_NK = _head_logps(inner.get_output_embeddings(), hidden_NH, targets_NK.to(device), chunk_size)
+    real_BT = batch["attention_mask"].bool()
+    rows_N = real_BT.nonzero(as_tuple=True)[0]  # the sequence of each position, for a per-row adapted head
+    head = inner.get_output_embeddings()
+    logps_NK = output_layer_logps(head, hidden_BTH[real_BT], targets_NK.to(device), rows_N, chunk_size).logps
     pieces = logps_NK.split(lengths)
     return [piece[:, :k].reshape(s.targets.shape) for piece, k, s in zip(pieces, widths, sequences, strict=True)]
-
-
-def _head_logps(
-    head: torch.nn.Module, hidden_NH: torch.Tensor, targets_NK: torch.Tensor, chunk_size: int
-) -> torch.Tensor:
-    if targets_NK.shape[1] == 1 and type(head) is torch.nn.Linear and head.bias is None:
-        return chunked_token_logps(hidden_NH, head.weight, targets_NK[:, 0], chunk_size).logps.unsqueeze(1)
-    # K targets, or an adapted/biased head: checkpoint each chunk so backward recomputes its logits.
-    chunks = []
-    for start in range(0, hidden_NH.shape[0], chunk_size):
-        hidden_CH, targets_CK = hidden_NH[start : start + chunk_size], targets_NK[start : start + chunk_size]
-        chunks.append(checkpoint(_chunk_logps, head, hidden_CH, targets_CK, use_reentrant=False))
-    return torch.cat(chunks)
-
-
-def _chunk_logps(head: torch.nn.Module, hidden_CH: torch.Tensor, targets_CK: torch.Tensor) -> torch.Tensor:
-    logits_CV = head(hidden_CH)
-    logits_CV = logits_CV.to(logps_dtype(logits_CV.dtype))
-    return logits_CV.gather(-1, targets_CK) - torch.logsumexp(logits_CV, dim=-1, keepdim=True)
 
 
 def set_hyperparameters(optimizer: torch.optim.Optimizer, hyperparameters: Mapping[str, Any]) -> None:

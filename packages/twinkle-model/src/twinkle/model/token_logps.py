@@ -3,11 +3,13 @@
 The decoder runs once over all tokens; the output layer runs only on the
 hidden states that predict a supervised label (prompt tokens cost nothing
 there) and in chunks, so the ``[B, T, V]`` logits never exist at once.
+:func:`output_layer_logps` is that output-layer step, shared with the
+explicit-target path (:mod:`twinkle.model.targets`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +17,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from twinkle.data_format import IGNORE_INDEX
-from twinkle.module import chunked_token_logps, token_logps_from_logits
+from twinkle.module import MultiLoraLinear, TokenLogps, chunked_token_logps, logps_dtype, per_token
 from twinkle.processor import model_inputs
 
 
@@ -32,22 +34,44 @@ class TokenLogpsResult:
     logits_BTV: torch.Tensor | None = None
 
 
-def _output_layer_logps(
-    head: torch.nn.Module, hidden_NH: torch.Tensor, labels_N: torch.Tensor, chunk_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    if type(head) is torch.nn.Linear and head.bias is None:
-        return chunked_token_logps(hidden_NH, head.weight, labels_N, chunk_size)
-    # An adapted or biased head (e.g. LoRA on lm_head): run the module itself, chunk by chunk,
+def output_layer_logps(
+    head: torch.nn.Module, hidden_NH: torch.Tensor, targets_NK: torch.Tensor, rows_N: torch.Tensor, chunk_size: int
+) -> TokenLogps:
+    """``log p(targets_NK[n, k])`` under the logits ``head(hidden_NH[n])``, and argmax hits of ``targets_NK[:, 0]``.
+
+    ``rows_N[n]`` is the batch row that position ``n`` comes from, so a head
+    with per-row LoRA adapters (``MultiLoraLinear``) gives each position its
+    row's adapter. Only ``chunk_size`` positions' logits exist at a time.
+    """
+    weight = _plain_weight(head)
+    if weight is not None and targets_NK.shape[1] == 1:
+        logps_N, correct_N = chunked_token_logps(hidden_NH, weight, targets_NK[:, 0], chunk_size)
+        return TokenLogps(logps_N.unsqueeze(1), correct_N)
+    # K targets, or an adapted or biased head (e.g. LoRA on lm_head): run the module itself, chunk by chunk,
     # recomputing each chunk's logits in backward instead of keeping them.
     logps, correct = [], []
-    for start in range(0, hidden_NH.shape[0], chunk_size):
-        hidden_CH, labels_C = hidden_NH[start : start + chunk_size], labels_N[start : start + chunk_size]
-        logps.append(
-            checkpoint(lambda h, y: token_logps_from_logits(head(h), y), hidden_CH, labels_C, use_reentrant=False)
-        )
-        with torch.no_grad():
-            correct.append(head(hidden_CH).argmax(-1) == labels_C)
-    return torch.cat(logps), torch.cat(correct)
+    for start in range(0, max(hidden_NH.shape[0], 1), chunk_size):  # no position: one empty chunk
+        span = slice(start, start + chunk_size)
+        head_C = per_token(head, rows_N[span])
+        logps_CK, correct_C = checkpoint(_chunk_logps, head_C, hidden_NH[span], targets_NK[span], use_reentrant=False)
+        logps.append(logps_CK)
+        correct.append(correct_C)
+    return TokenLogps(torch.cat(logps), torch.cat(correct))
+
+
+def _plain_weight(head: torch.nn.Module) -> torch.Tensor | None:
+    """The head's weight when it computes ``hidden @ weight.T`` and nothing else for this batch (the fused path)."""
+    plain = type(head) is torch.nn.Linear or (isinstance(head, MultiLoraLinear) and not head.adapting)
+    return head.weight if plain and head.bias is None else None
+
+
+def _chunk_logps(
+    head: Callable[[torch.Tensor], torch.Tensor], hidden_CH: torch.Tensor, targets_CK: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits_CV = head(hidden_CH)
+    logits_CV = logits_CV.to(logps_dtype(logits_CV.dtype))
+    logps_CK = logits_CV.gather(-1, targets_CK) - torch.logsumexp(logits_CV, dim=-1, keepdim=True)
+    return logps_CK, logits_CV.detach().argmax(-1) == targets_CK[:, 0]
 
 
 def causal_token_logps(
@@ -63,7 +87,11 @@ def causal_token_logps(
     predictors_BT = torch.zeros_like(supervised_BT)
     predictors_BT[:, :-1] = supervised_BT[:, 1:]
     head = inner.get_output_embeddings()
-    logps_N, correct_N = _output_layer_logps(head, hidden_BTH[predictors_BT], labels_BT[supervised_BT], chunk_size)
+    rows_N = predictors_BT.nonzero(as_tuple=True)[0]
+    logps_N1, correct_N = output_layer_logps(
+        head, hidden_BTH[predictors_BT], labels_BT[supervised_BT].unsqueeze(1), rows_N, chunk_size
+    )
+    logps_N = logps_N1.squeeze(1)
     logps_BT = torch.zeros(labels_BT.shape, dtype=logps_N.dtype, device=labels_BT.device)
     logps_BT = logps_BT.masked_scatter(supervised_BT, logps_N)
     correct_BT = torch.zeros_like(supervised_BT).masked_scatter(supervised_BT, correct_N)

@@ -9,6 +9,7 @@ from twinkle.module.multi_lora import (
     adapter_rows,
     inject_multi_lora,
     multi_lora_modules,
+    per_token,
     remove_adapter,
     set_adapter_weights,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "logps_dtype",
     "multi_lora_modules",
     "optimizer_class",
+    "per_token",
     "remove_adapter",
     "set_adapter_weights",
     "token_logps_from_logits",

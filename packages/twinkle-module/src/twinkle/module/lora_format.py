@@ -62,6 +62,11 @@ def split_lora_state_dict(
     parts: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in state_dict.items():
         match = _KEY.match(key)
+        if match is None and key.endswith(".base_layer.weight"):
+            raise ConfigurationError(
+                f"adapter {name!r}: {key!r} is a base weight, which PEFT saves beside the adapter when an "
+                "embedding or lm_head is targeted; save with save_embedding_layers=False to keep the adapter alone"
+            )
         if match is None:
             raise ConfigurationError(f"adapter {name!r}: {key!r} is not a LoRA A/B weight of a linear layer")
         parts.setdefault(match["module"], {})[match["part"]] = tensor

@@ -6,7 +6,9 @@ none. :class:`MultiLoraLinear` replaces an ``nn.Linear``; it computes the base
 projection once for the whole batch and adds each adapter's low-rank update
 only to the rows assigned to it (one gather, two skinny matmuls and one
 ``index_add`` per adapter present in the batch). Rows are assigned for a whole
-model at once with :func:`adapter_rows`.
+model at once with :func:`adapter_rows`. A layer that runs on flattened tokens
+instead of batch rows (an output layer applied to the supervised positions
+only) is called through :func:`per_token`, which maps each token to its row.
 
 Adapters may differ in rank and target modules. Their tensors are *not*
 registered as module parameters: the model's ``state_dict()`` keeps exactly the
@@ -18,9 +20,10 @@ to them through :meth:`MultiLoraLinear.forward`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -55,6 +58,20 @@ class RowRouting:
     batch_size: int
     groups: tuple[tuple[str, torch.Tensor | None], ...]
 
+    def for_tokens(self, rows_N: torch.Tensor) -> RowRouting:
+        """The same assignment for ``N`` flattened tokens, token ``n`` being one of batch row ``rows_N[n]``."""
+        groups = []
+        for name, rows in self.groups:
+            if rows is None:  # the adapter of every row is the adapter of every token
+                groups.append((name, None))
+                continue
+            tokens = torch.isin(rows_N, rows).nonzero(as_tuple=True)[0]
+            if tokens.numel() == rows_N.numel():
+                groups.append((name, None))
+            elif tokens.numel():
+                groups.append((name, tokens))
+        return RowRouting(rows_N.numel(), tuple(groups))
+
 
 class MultiLoraLinear(nn.Module):
     """A frozen ``nn.Linear`` plus any number of named LoRA adapters applied per row.
@@ -88,9 +105,17 @@ class MultiLoraLinear(nn.Module):
         device, dtype = self.weight.device, self.weight.dtype
         return LoraWeights(A_RI.to(device, dtype), B_OR.to(device, dtype), float(scaling), float(dropout))
 
+    @property
+    def adapting(self) -> bool:
+        """Whether any adapter assigned to a row right now adapts this layer (else it is the plain linear)."""
+        return self.routing is not None and any(name in self.adapters for name, _ in self.routing.groups)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.routed_forward(x, self.routing)
+
+    def routed_forward(self, x: torch.Tensor, routing: RowRouting | None) -> torch.Tensor:
+        """The forward with rows assigned by ``routing`` instead of the current :func:`adapter_rows` block."""
         out = nn.functional.linear(x, self.weight, self.bias)
-        routing = self.routing
         if routing is None or not self.adapters:
             return out
         if x.shape[0] != routing.batch_size:
@@ -111,6 +136,20 @@ class MultiLoraLinear(nn.Module):
     def extra_repr(self) -> str:
         ranks = {name: lora.rank for name, lora in self.adapters.items()}
         return f"in_features={self.in_features}, out_features={self.out_features}, adapters={ranks}"
+
+
+def per_token(module: nn.Module, rows_N: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``module`` as a function of ``N`` flattened tokens, token ``n`` being one of batch row ``rows_N[n]``.
+
+    For a :class:`MultiLoraLinear` inside an :func:`adapter_rows` block, each
+    token gets its row's adapter. The assignment is taken now, so the function
+    computes the same when autograd recomputes it later (a checkpointed chunk
+    re-run in backward, after the block has ended). Any other module is
+    returned as it is: it treats every token alike.
+    """
+    if not isinstance(module, MultiLoraLinear) or module.routing is None:
+        return module
+    return partial(module.routed_forward, routing=module.routing.for_tokens(rows_N))
 
 
 def multi_lora_modules(model: nn.Module) -> dict[str, MultiLoraLinear]:

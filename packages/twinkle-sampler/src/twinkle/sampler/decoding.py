@@ -6,20 +6,21 @@ continues them, so ``num_samples`` copies of a prompt — or the same prompt sen
 several times — cost one prefill. Each step runs the decoder on the newest
 token of every unfinished row and the output layer on those rows only; rows
 that finish leave the batch (and the cache), so long completions do not drag
-short ones along. Every forward runs under :func:`twinkle.module.adapter_rows`,
-so each row sees its own adapter, or none.
+short ones along. Every forward, the output layer's included (LoRA may
+target ``lm_head``), runs under :func:`twinkle.module.adapter_rows`, so each
+row sees its own adapter, or none.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from twinkle.data_format import SamplingParams
-from twinkle.module import adapter_rows, multi_lora_modules
+from twinkle.module import MultiLoraLinear, adapter_rows, multi_lora_modules
 from twinkle.sampler.prompt_logprobs import prompt_logprobs
 from twinkle.sampler.results import Completion, Generation, Prompt
 from twinkle.sampler.stopping import StopCriteria
@@ -80,7 +81,8 @@ class Decoder:
         hidden_ULH = self._forward(ids_UL, mask_UL, self._positions(mask_UL), [a for _, a in distinct], cache)
         generation = Generation(completions=[])
         if requested(params.prompt_logprobs):
-            logprobs, alternatives = prompt_logprobs(self.head, hidden_ULH, ids_UL, mask_UL, params.prompt_logprobs)
+            with self._routed([a for _, a in distinct]):
+                logprobs, alternatives = prompt_logprobs(self.head, hidden_ULH, ids_UL, mask_UL, params.prompt_logprobs)
             generation.prompt_logprobs = [logprobs[u] for u in source]
             generation.topk_prompt_logprobs = None if alternatives is None else [alternatives[u] for u in source]
         expand = torch.tensor([u for u in source for _ in range(params.num_samples)], device=ids_UL.device)
@@ -99,7 +101,7 @@ class Decoder:
         logprobs, topk = requested(params.logprobs), topk_count(params.logprobs) > 0
         completions = [Completion([], "length", [] if logprobs else None, [] if topk else None) for _ in rows.adapters]
         for step in range(params.max_tokens):
-            chosen = choose_tokens(self.head(hidden_BH), params, self.generator, rows.seen_BS)
+            chosen = choose_tokens(self._head_logits(hidden_BH, rows.adapters), params, self.generator, rows.seen_BS)
             keep = self._record(chosen, rows, completions, stop, last_step=step == params.max_tokens - 1)
             if not keep:
                 break
@@ -115,12 +117,22 @@ class Decoder:
         adapters: list[str | None],
         cache: DynamicCache,
     ) -> torch.Tensor:
-        routed = adapter_rows(self.model, adapters) if self.has_adapters else nullcontext()
-        with routed:
+        with self._routed(adapters):
             output = self.decoder(
                 input_ids=ids_BT, attention_mask=mask_BL, position_ids=positions_BT, cache=cache, use_cache=True
             )
         return output.last_hidden_state
+
+    def _head_logits(self, hidden_BH: torch.Tensor, adapters: list[str | None]) -> torch.Tensor:
+        """The output layer on one position per row; an adapted one (LoRA on ``lm_head``) with each row's adapter."""
+        if not isinstance(self.head, MultiLoraLinear):
+            return self.head(hidden_BH)
+        with self._routed(adapters):
+            return self.head(hidden_BH)
+
+    def _routed(self, adapters: list[str | None]) -> AbstractContextManager[object]:
+        """Row ``i`` with adapter ``adapters[i]`` (none without adapters: the block is then a no-op)."""
+        return adapter_rows(self.model, adapters) if self.has_adapters else nullcontext()
 
     @staticmethod
     def _record(

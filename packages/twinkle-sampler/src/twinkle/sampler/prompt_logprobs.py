@@ -2,14 +2,16 @@
 
 The output layer runs chunk by chunk over one prompt at a time, so a long
 prompt never holds its full ``[T, V]`` logits at once; log-probs come from the
-trainer's own function, so prompt log-probs match its ``forward_only``.
+trainer's own function, so prompt log-probs match its ``forward_only``. Inside
+an :func:`twinkle.module.adapter_rows` block an adapted output layer gives
+each prompt's positions that prompt's adapter.
 """
 
 from __future__ import annotations
 
 import torch
 
-from twinkle.module import token_logps_from_logits
+from twinkle.module import per_token, token_logps_from_logits
 from twinkle.sampler.results import TopK
 from twinkle.sampler.token_sampling import topk_count, topk_pairs
 
@@ -34,11 +36,13 @@ def prompt_logprobs(
     for row in range(ids_BL.shape[0]):
         start = int((mask_BL[row] == 0).sum())
         hidden_NH, targets_N = hidden_BLH[row, start:-1], ids_BL[row, start + 1 :]
+        rows_N = torch.full_like(targets_N, row)
         row_logprobs: list[float | None] = [None]
         row_alternatives: list[TopK | None] = [None]
         for chunk in range(0, targets_N.shape[0], CHUNK_TOKENS):
-            logits_CV = head(hidden_NH[chunk : chunk + CHUNK_TOKENS]).float()
-            row_logprobs.extend(token_logps_from_logits(logits_CV, targets_N[chunk : chunk + CHUNK_TOKENS]).tolist())
+            span = slice(chunk, chunk + CHUNK_TOKENS)
+            logits_CV = per_token(head, rows_N[span])(hidden_NH[span]).float()
+            row_logprobs.extend(token_logps_from_logits(logits_CV, targets_N[span]).tolist())
             if k:
                 values_CK, ids_CK = logits_CV.topk(min(k, logits_CV.shape[-1]), dim=-1)
                 logsumexp_C1 = torch.logsumexp(logits_CV, dim=-1, keepdim=True)

@@ -66,6 +66,8 @@ class ServerConfig:
     # batches tenants together: every pass trains one request (for comparison, or strict isolation).
     max_tokens_per_pass: int = 32768
     session_timeout_s: float = 120.0
+    # How often expired checkpoints (saved with a TTL) are deleted; an expired one is never served meanwhile.
+    checkpoint_sweep_interval_s: float = 60.0
     # Tinker SDK clients split a forward_backward into requests of at most this many datums.
     tinker_chunk_datums: int = 1024
     api_keys_file: Path | None = None
@@ -118,6 +120,7 @@ _TOP: dict[str, type] = {
     "max_rank": int,
     "max_tokens_per_pass": int,
     "session_timeout_s": float,
+    "checkpoint_sweep_interval_s": float,
     "tinker_chunk_datums": int,
     "api_keys_file": str,
     "ray": bool,
@@ -197,7 +200,8 @@ def _problems(data: dict[str, Any], base_dir: Path) -> list[str]:
         problems.append(f"device: {merged['device']!r} is not a device such as 'cpu', 'cuda' or 'cuda:1'")
     if merged["replicas"] != 1 and not merged["ray"]:
         problems.append(f"replicas: {merged['replicas']} replicas need ray: true (or --ray)")
-    for key in ("max_loras", "max_rank", "session_timeout_s", "tinker_chunk_datums", "replicas"):
+    positive = ("max_loras", "max_rank", "session_timeout_s", "checkpoint_sweep_interval_s", "tinker_chunk_datums")
+    for key in (*positive, "replicas"):
         if merged[key] <= 0:
             problems.append(f"{key}: must be positive, got {merged[key]}")
     if merged["max_tokens_per_pass"] < 0:
@@ -327,7 +331,8 @@ def _build(data: dict[str, Any], base_dir: Path) -> ServerConfig:
         str(name): UserConfig(list((user or {}).get("api_keys") or []), _typed_quotas((user or {}).get("quotas") or {}))
         for name, user in (values.get("users") or {}).items()
     }
-    values["session_timeout_s"] = float(values.get("session_timeout_s", ServerConfig.session_timeout_s))
+    for key in ("session_timeout_s", "checkpoint_sweep_interval_s"):  # YAML ``60`` is an int
+        values[key] = float(values.get(key, getattr(ServerConfig, key)))
     return ServerConfig(**values)
 
 

@@ -8,22 +8,22 @@ overlap a shared pass.
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from twinkle.data_format import validate_input_feature
-from twinkle.errors import ConfigurationError, InvalidInputError, ResourceNotFoundError
+from twinkle.errors import InvalidInputError
 from twinkle.model import AdapterRequest
 from twinkle.model.microbatch import check_loss_inputs
 from twinkle.server.app.state import ServerState
 from twinkle.server.paths import SAMPLER_WEIGHTS_DIR, safe_child
+from twinkle.server.services.checkpoints import CheckpointHold
 from twinkle.server.services.components import check_call_components
 from twinkle.server.services.convert import to_wire
 from twinkle.server.services.engine import PoolTask
 from twinkle.server.services.pool import LONG_METHODS, SHORT_METHODS
 from twinkle.server.services.scheduler import SHARED_METHOD
+from twinkle.server.store import Checkpoint, check_ttl_seconds
 
 CHECKPOINT_SCHEME = "twinkle://"
 SHORT_CALL_TIMEOUT_S = 600.0
@@ -39,7 +39,24 @@ def submit_long_call(
     state: ServerState, user: str, run_id: str, method: str, kwargs: dict[str, Any], idempotency_key: str | None
 ) -> str:
     """Queue the call and return its future id (the first call's, when the idempotency key repeats)."""
-    finish = _prepare(state, user, run_id, method, kwargs)
+    finish, hold = _prepare(state, user, run_id, method, kwargs)
+    try:
+        return _submit(state, user, run_id, method, kwargs, idempotency_key, finish, hold)
+    except BaseException:
+        _release(hold)
+        raise
+
+
+def _submit(
+    state: ServerState,
+    user: str,
+    run_id: str,
+    method: str,
+    kwargs: dict[str, Any],
+    idempotency_key: str | None,
+    finish: Callable[[Any], Any],
+    hold: CheckpointHold | None,
+) -> str:
     check_features(state, kwargs.get("inputs"))  # a bad batch is the caller's 400 now, not a failed future later
     if method == SHARED_METHOD:
         check_loss_input_lengths(kwargs)
@@ -47,16 +64,20 @@ def submit_long_call(
     state.quotas.check_tokens(user, tokens)  # before the future exists: a refused call must leave none behind
     future, created = state.futures.create(user, method, run_id, idempotency_key)
     if not created:
+        _release(hold)  # the first call runs (or ran) the work
         return future.id
 
     def on_done(result: Any, error: BaseException | None) -> None:
-        if error is not None:
-            state.futures.fail(future.id, error)
-            return
         try:
-            state.futures.resolve(future.id, to_wire(finish(result)))
-        except Exception as exc:  # recording the result failed: the caller must hear about it
-            state.futures.fail(future.id, exc)
+            if error is not None:
+                state.futures.fail(future.id, error)
+                return
+            try:
+                state.futures.resolve(future.id, to_wire(finish(result)))
+            except Exception as exc:  # recording the result failed: the caller must hear about it
+                state.futures.fail(future.id, exc)
+        finally:
+            _release(hold)
 
     shared = None
     # micro_batch_size=None (the default, which the client spells out) must not keep a call out of a pass
@@ -111,24 +132,11 @@ def checkpoint_reference(run_id: str, name: str) -> str:
     return f"{CHECKPOINT_SCHEME}{run_id}/{name}"
 
 
-def delete_checkpoint(state: ServerState, user: str, run_id: str, name: str, shown: str | None = None) -> None:
-    """Forget checkpoint ``name`` of the run and remove its files; ``shown`` names it in the error (Tinker paths)."""
-    if state.store.get_checkpoint(user, run_id, name) is None:
-        raise ResourceNotFoundError(
-            f"no checkpoint {shown!r}" if shown else f"run {run_id!r} has no checkpoint {name!r}"
-        )
-    path = checkpoint_directory(state, user, run_id, name)
-    state.store.delete_checkpoint(user, run_id, name)
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def checkpoint_directory(state: ServerState, user: str, run_id: str, name: str) -> Path:
-    """Where checkpoint ``name`` of the run lives (Tinker's sampler weights are ``sampler_weights/<name>``)."""
-    return safe_child(state.config.checkpoint_dir, user, run_id, *name.split("/"))
-
-
-def _prepare(state: ServerState, user: str, run_id: str, method: str, kwargs: dict[str, Any]) -> Any:
-    """Rewrite server-side paths in ``kwargs``; returns how to turn the method's result into the reply."""
+def _prepare(
+    state: ServerState, user: str, run_id: str, method: str, kwargs: dict[str, Any]
+) -> tuple[Callable[[Any], Any], CheckpointHold | None]:
+    """Rewrite server-side paths in ``kwargs``; returns how to turn the method's result into the reply, and the
+    checkpoint the call reads or writes (held until the call is over)."""
     for forbidden in ("output_dir", "dataloader"):
         if forbidden in kwargs:
             raise InvalidInputError(f"{method}: {forbidden!r} cannot be set remotely; the server decides it")
@@ -139,33 +147,41 @@ def _prepare(state: ServerState, user: str, run_id: str, method: str, kwargs: di
         safe_child(state.config.checkpoint_dir, user, run_id, name)  # refuses traversal before anything runs
         if name == SAMPLER_WEIGHTS_DIR:
             raise InvalidInputError(f"the checkpoint name {name!r} is reserved for sampler weights saved over Tinker")
+        ttl_seconds = check_ttl_seconds(kwargs.pop("ttl_seconds", None))  # the server's option, not the model's
         kwargs["output_dir"] = str(safe_child(state.config.checkpoint_dir, user, run_id))
 
         def record(path: Any) -> str:
-            state.store.add_checkpoint(user, run_id, name, str(path))
+            state.checkpoints.record(user, run_id, name, str(path), ttl_seconds)
             return checkpoint_reference(run_id, name)
 
-        return record
+        return record, state.checkpoints.hold_for_save(user, run_id, name)
     if method == "load":
-        kwargs["path"] = resolve_checkpoint(state, user, run_id, kwargs.get("path"))
-    return lambda result: result
+        hold = hold_checkpoint(state, user, run_id, kwargs.get("path"))
+        kwargs["path"] = str(hold.path)
+        return (lambda result: result), hold
+    return (lambda result: result), None
 
 
-def resolve_checkpoint(state: ServerState, user: str, run_id: str, reference: Any) -> str:
-    """``twinkle://<run>/<name>`` (any run of the same user) or a bare checkpoint name of this run."""
+def _release(hold: CheckpointHold | None) -> None:
+    if hold is not None:
+        hold.release()
+
+
+def _parse_reference(run_id: str, reference: Any) -> tuple[str, str]:
+    """``(run, name)`` of ``twinkle://<run>/<name>`` (any run of the same user) or a bare name of this run."""
     if not isinstance(reference, str) or not reference:
         raise InvalidInputError(f"load needs path='{CHECKPOINT_SCHEME}<run_id>/<name>' or a checkpoint name")
-    source_run, name = run_id, reference
     if reference.startswith(CHECKPOINT_SCHEME):
         source_run, _, name = reference.removeprefix(CHECKPOINT_SCHEME).partition("/")
-    return checkpoint_path(state, user, source_run, name, shown=reference)
+        return source_run, name
+    return run_id, reference
 
 
-def checkpoint_path(state: ServerState, user: str, run_id: str, name: str, shown: str) -> str:
-    """The saved folder of checkpoint ``name`` of the user's run; ``shown`` is how errors name it."""
-    checkpoint = state.store.get_checkpoint(user, run_id, name)
-    if checkpoint is None:
-        raise ResourceNotFoundError(f"no checkpoint {shown!r}")
-    if not checkpoint_directory(state, user, run_id, name).is_dir():
-        raise ConfigurationError(f"checkpoint {shown!r} is recorded but its files are gone")
-    return checkpoint.path
+def resolve_checkpoint(state: ServerState, user: str, run_id: str, reference: Any) -> Checkpoint:
+    """The user's live checkpoint that ``reference`` names (404 if there is none)."""
+    return state.checkpoints.existing(user, *_parse_reference(run_id, reference), shown=reference)
+
+
+def hold_checkpoint(state: ServerState, user: str, run_id: str, reference: Any) -> CheckpointHold:
+    """:func:`resolve_checkpoint`, its files kept until the hold is released (the task reading them is over)."""
+    return state.checkpoints.hold(user, *_parse_reference(run_id, reference), shown=reference)

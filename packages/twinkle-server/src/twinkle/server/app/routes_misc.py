@@ -10,7 +10,7 @@ from fastapi.responses import Response
 
 from twinkle import wire
 from twinkle.errors import InvalidInputError, PermissionDeniedError, ResourceNotFoundError
-from twinkle.server.app.calls import count_tokens, resolve_checkpoint
+from twinkle.server.app.calls import count_tokens, hold_checkpoint
 from twinkle.server.app.http import caller, read_body, reply
 from twinkle.server.app.routes_runs import owned_run, server
 from twinkle.server.services.convert import from_wire, to_wire
@@ -98,24 +98,33 @@ async def sample(request: Request) -> Response:
     run_id, base_model = body.get("run_id"), body.get("base_model")
     if run_id is not None:
         owned_run(state, user, run_id)
-    base_path = None if base_model is None else resolve_checkpoint(state, user, "", base_model)
     inputs = from_wire(body.get("inputs"))
     state.quotas.check_tokens(user, count_tokens(inputs))
     template = body.get("template")
     if template is not None and not isinstance(template, dict):
         raise InvalidInputError("template must be {'name': <registered name>, 'kwargs': {...}}")
-    future, created = state.futures.create(user, "sample", run_id, body.get("idempotency_key"))
-    if created:
+    hold = None if base_model is None else hold_checkpoint(state, user, "", base_model)  # kept while the task runs
+    release = hold.release if hold is not None else lambda: None
+    try:
+        future, created = state.futures.create(user, "sample", run_id, body.get("idempotency_key"))
+        if not created:
+            release()
+            return reply(request, {"future_id": future.id})
         params, num_samples = body.get("sampling_params"), body.get("num_samples")
 
         def on_done(result: Any, error: BaseException | None) -> None:
+            release()
             if error is None:
                 state.futures.resolve(future.id, to_wire(result))
             else:
                 state.futures.fail(future.id, error)
 
+        base_path = None if hold is None else str(hold.path)
         task = PoolTask("sample", (run_id, inputs, params, num_samples, template, base_path))
         state.engine.submit(run_id or f"sample:{user}", task, on_done, None, 0, (user, "sample"))
+    except BaseException:
+        release()
+        raise
     return reply(request, {"future_id": future.id})
 
 

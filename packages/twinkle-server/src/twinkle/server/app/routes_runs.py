@@ -16,7 +16,7 @@ from twinkle.server.app.state import ServerState
 from twinkle.server.services.convert import from_wire
 from twinkle.server.services.engine import PoolTask
 from twinkle.server.services.pool import SHORT_METHODS
-from twinkle.server.store.base import Run
+from twinkle.server.store.base import Checkpoint, Run
 
 router = APIRouter(prefix="/twinkle/v1")
 
@@ -114,8 +114,20 @@ async def list_checkpoints(run_id: str, request: Request) -> Response:
 async def delete_checkpoint(run_id: str, name: str, request: Request) -> Response:
     user, state = caller(request), server(request)
     owned_run(state, user, run_id)
-    await run_in_threadpool(calls.delete_checkpoint, state, user, run_id, name)
+    shown = calls.checkpoint_reference(run_id, name)
+    await run_in_threadpool(state.checkpoints.delete, user, run_id, name, shown)
     return reply(request, {})
+
+
+@router.put("/runs/{run_id}/checkpoints/{name}/ttl")
+async def set_checkpoint_ttl(run_id: str, name: str, request: Request) -> Response:
+    """``{"ttl_seconds": s}``: the checkpoint expires ``s`` seconds from now; ``null`` keeps it until deleted."""
+    user, body, state = caller(request), await read_body(request), server(request)
+    owned_run(state, user, run_id)
+    if "ttl_seconds" not in body:
+        raise InvalidInputError("the body needs ttl_seconds: a number of seconds, or null to keep the checkpoint")
+    shown = calls.checkpoint_reference(run_id, name)
+    return reply(request, _checkpoint(state.checkpoints.set_ttl(user, run_id, name, body["ttl_seconds"], shown)))
 
 
 def _listing(state: ServerState, run: Run) -> dict[str, Any]:
@@ -125,18 +137,26 @@ def _listing(state: ServerState, run: Run) -> dict[str, Any]:
 
 
 def _checkpoints(state: ServerState, user: str, run_id: str) -> list[dict[str, Any]]:
-    """The run's checkpoints as ``twinkle://`` references: server paths are not the tenant's business."""
-    return [
-        {"name": c.name, "path": calls.checkpoint_reference(run_id, c.name), "created_at": c.created_at}
-        for c in state.store.list_checkpoints(user, run_id) or []
-    ]
+    return [_checkpoint(checkpoint) for checkpoint in state.checkpoints.run_checkpoints(user, run_id) or []]
+
+
+def _checkpoint(checkpoint: Checkpoint) -> dict[str, Any]:
+    """A checkpoint with its ``twinkle://`` reference (server paths are not the tenant's business) and expiry."""
+    listing = checkpoint.to_dict()
+    listing["path"] = calls.checkpoint_reference(checkpoint.run_id, checkpoint.name)
+    return listing
 
 
 def _add_adapter(state: ServerState, run: Run, seed: int | None = None) -> None:
     """Load the run's adapter (or model); ``seed`` fixes its initial weights whatever else the server is doing."""
-    base_path = None if run.base_model is None else calls.resolve_checkpoint(state, run.user, run.id, run.base_model)
+    hold = None if run.base_model is None else calls.hold_checkpoint(state, run.user, run.id, run.base_model)
+    base_path = None if hold is None else str(hold.path)
     task = PoolTask("add_run", (run.id, run.lora_config, run.gradient_accumulation_steps, seed, base_path))
-    state.engine.load_run(run.user, run.id, task, calls.SHORT_CALL_TIMEOUT_S)
+    try:
+        state.engine.load_run(run.user, run.id, task, calls.SHORT_CALL_TIMEOUT_S)
+    finally:
+        if hold is not None:
+            hold.release()
 
 
 def _largest_rank(lora_config: Mapping[str, Any] | None) -> int:

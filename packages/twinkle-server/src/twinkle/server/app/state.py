@@ -11,6 +11,7 @@ from twinkle.server.app.telemetry import Telemetry
 from twinkle.server.auth import sync_config_users
 from twinkle.server.config import ServerConfig
 from twinkle.server.quotas import QuotaChecker
+from twinkle.server.services.checkpoints import Checkpoints
 from twinkle.server.services.data import DataHandles
 from twinkle.server.services.engine import Engine, LocalEngine
 from twinkle.server.services.futures import Futures
@@ -33,6 +34,7 @@ class ServerState:
     data: DataHandles
     quotas: QuotaChecker
     telemetry: Telemetry
+    checkpoints: Checkpoints  # both APIs' checkpoints; its reaper deletes expired ones while the server runs
     # Called with a run id once the run's adapter left its pool; the engine still routes the run's key to its replica.
     release_hooks: list[Callable[[str], None]] = field(default_factory=list)
     _reaper_stop: threading.Event = field(default_factory=threading.Event)
@@ -65,11 +67,13 @@ class ServerState:
             )
             engine = LocalEngine(pool, scheduler)
         telemetry.bind_engine(engine)
+        checkpoints = Checkpoints(store, config.checkpoint_dir, config.checkpoint_sweep_interval_s)
         state = cls(
             config, store, engine, Futures(store), DataHandles(engine.model_path),
-            QuotaChecker(config), telemetry,
+            QuotaChecker(config), telemetry, checkpoints,
         )  # fmt: skip
         threading.Thread(target=state._reap_sessions, name="twinkle-session-reaper", daemon=True).start()
+        checkpoints.start()
         return state
 
     def release_run(self, user: str, run_id: str) -> None:
@@ -95,6 +99,7 @@ class ServerState:
 
     def stop(self) -> None:
         self._reaper_stop.set()
+        self.checkpoints.stop()
         self.engine.stop()
         self.store.close()
 

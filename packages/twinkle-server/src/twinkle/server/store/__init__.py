@@ -8,6 +8,7 @@ from twinkle.server.store.base import (
     Session,
     Store,
     User,
+    check_ttl_seconds,
     check_user_name,
     new_id,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "Session",
     "Store",
     "User",
+    "check_ttl_seconds",
     "check_user_name",
     "new_id",
 ]

@@ -8,6 +8,7 @@ never reach the store; it only sees their hashes.
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 from abc import ABC, abstractmethod
@@ -22,6 +23,7 @@ INFLIGHT_STATUSES: tuple[FutureStatus, ...] = ("pending", "running")
 KeySource = Literal["config", "cli"]
 
 _USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_TTL_S = 10 * 365 * 24 * 3600.0  # Tinker's upper bound for a checkpoint's time to live (10 years)
 
 
 def check_user_name(name: str) -> str:
@@ -31,6 +33,19 @@ def check_user_name(name: str) -> str:
             f"invalid user name {name!r}: use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
         )
     return name
+
+
+def check_ttl_seconds(ttl_seconds: Any) -> float | None:
+    """``ttl_seconds`` as a float if it can be a checkpoint's time to live (None: kept until deleted)."""
+    if ttl_seconds is None:
+        return None
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, (int, float)):
+        raise InvalidInputError(
+            f"ttl_seconds must be a number of seconds (or null to keep the checkpoint), got {ttl_seconds!r}"
+        )
+    if not (math.isfinite(ttl_seconds) and 0 < ttl_seconds <= MAX_TTL_S):
+        raise InvalidInputError(f"ttl_seconds must be > 0 and at most {MAX_TTL_S:.0f} (10 years), got {ttl_seconds}")
+    return float(ttl_seconds)
 
 
 def new_id(prefix: str) -> str:
@@ -55,14 +70,17 @@ class Session:
 
 @dataclass(frozen=True)
 class Checkpoint:
+    """A saved checkpoint of a run; ``expires_at`` (epoch seconds) is when its TTL runs out, None for never."""
+
     run_id: str
     name: str
     path: str
     created_at: float
+    expires_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form of ``GET /runs/{run_id}/checkpoints`` entries."""
-        return {"name": self.name, "path": self.path, "created_at": self.created_at}
+        return {"name": self.name, "path": self.path, "created_at": self.created_at, "expires_at": self.expires_at}
 
 
 @dataclass(frozen=True)
@@ -191,10 +209,16 @@ class Store(ABC):
     def mark_all_runs_nonresident(self) -> int:
         """At start-up the adapter pool is empty whatever the database says; returns how many runs changed."""
 
-    # checkpoints
+    # checkpoints: one whose TTL ran out is never returned, whether or not it was deleted yet
     @abstractmethod
-    def add_checkpoint(self, user: str, run_id: str, name: str, path: str) -> Checkpoint | None:
-        """Record (or replace, as a re-save replaces the folder) checkpoint ``name``; None if the run is unknown."""
+    def add_checkpoint(
+        self, user: str, run_id: str, name: str, path: str, ttl_seconds: float | None = None
+    ) -> Checkpoint | None:
+        """Record (or replace, as a re-save replaces the folder) checkpoint ``name``; None if the run is unknown.
+
+        With ``ttl_seconds`` (checked by ``check_ttl_seconds``) it expires that long after now; a re-save
+        without one keeps it until deleted.
+        """
 
     @abstractmethod
     def get_checkpoint(self, user: str, run_id: str, name: str) -> Checkpoint | None: ...
@@ -204,7 +228,19 @@ class Store(ABC):
         """The run's checkpoints, oldest first; None if the run is unknown."""
 
     @abstractmethod
+    def set_checkpoint_ttl(self, user: str, run_id: str, name: str, ttl_seconds: float | None) -> Checkpoint | None:
+        """Make the checkpoint expire ``ttl_seconds`` from now, or never (None); None if there is no such checkpoint."""
+
+    @abstractmethod
     def delete_checkpoint(self, user: str, run_id: str, name: str) -> bool: ...
+
+    @abstractmethod
+    def expired_checkpoints(self) -> list[tuple[str, Checkpoint]]:
+        """``(user, checkpoint)`` of every checkpoint (of every user) whose TTL has run out, soonest expired first."""
+
+    @abstractmethod
+    def delete_expired_checkpoint(self, user: str, run_id: str, name: str) -> bool:
+        """Delete the checkpoint if it is still expired (not re-saved or given a new TTL since); True if it was."""
 
     # futures
     @abstractmethod

@@ -40,7 +40,7 @@ def run(row: sqlite3.Row) -> Run:
 
 
 def checkpoint(row: sqlite3.Row) -> Checkpoint:
-    return Checkpoint(row["run_id"], row["name"], row["path"], row["created_at"])
+    return Checkpoint(row["run_id"], row["name"], row["path"], row["created_at"], row["expires_at"])
 
 
 def future(row: sqlite3.Row) -> Future:

@@ -63,6 +63,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("ALTER TABLE runs ADD COLUMN base_model TEXT",),
     # What a client attached to a run (Tinker's user_metadata, LoRA rank and trained modules), as JSON.
     ("ALTER TABLE runs ADD COLUMN metadata TEXT",),
+    # Checkpoint TTLs: when a checkpoint expires (epoch seconds), NULL for never; the reaper scans the index.
+    (
+        "ALTER TABLE checkpoints ADD COLUMN expires_at REAL",
+        "CREATE INDEX checkpoints_expiry ON checkpoints(expires_at) WHERE expires_at IS NOT NULL",
+    ),
 )
 
 

@@ -30,12 +30,15 @@ from twinkle.server.store.base import (
     Session,
     Store,
     User,
+    check_ttl_seconds,
     check_user_name,
     new_id,
 )
 from twinkle.server.store.schema import migrate
 
 _INFLIGHT = "('" + "', '".join(INFLIGHT_STATUSES) + "')"
+# A checkpoint whose TTL has not run out (the parameter is now); an expired one is never returned.
+_LIVE = "(expires_at IS NULL OR expires_at > ?)"
 
 
 class SQLiteStore(Store):
@@ -219,23 +222,28 @@ class SQLiteStore(Store):
         return self._update("UPDATE runs SET resident = 0 WHERE resident = 1")
 
     # checkpoints
-    def add_checkpoint(self, user: str, run_id: str, name: str, path: str) -> Checkpoint | None:
-        checkpoint = Checkpoint(run_id, name, str(path), self._clock())
+    def add_checkpoint(
+        self, user: str, run_id: str, name: str, path: str, ttl_seconds: float | None = None
+    ) -> Checkpoint | None:
+        ttl = check_ttl_seconds(ttl_seconds)
+        now = self._clock()
+        checkpoint = Checkpoint(run_id, name, str(path), now, None if ttl is None else now + ttl)
         with self._tx() as conn:
             if not _owns_run(conn, user, run_id):
                 return None
             conn.execute(
-                "INSERT INTO checkpoints VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (run_id, name) DO UPDATE SET path = excluded.path, created_at = excluded.created_at",
-                (run_id, name, checkpoint.path, checkpoint.created_at),
+                "INSERT INTO checkpoints (run_id, name, path, created_at, expires_at) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (run_id, name) DO UPDATE SET "
+                "path = excluded.path, created_at = excluded.created_at, expires_at = excluded.expires_at",
+                (run_id, name, checkpoint.path, checkpoint.created_at, checkpoint.expires_at),
             )
         return checkpoint
 
     def get_checkpoint(self, user: str, run_id: str, name: str) -> Checkpoint | None:
         row = self._row(
             "SELECT c.* FROM checkpoints c JOIN runs r ON r.id = c.run_id "
-            "WHERE c.run_id = ? AND c.name = ? AND r.user = ?",
-            (run_id, name, user),
+            f"WHERE c.run_id = ? AND c.name = ? AND r.user = ? AND {_LIVE}",
+            (run_id, name, user, self._clock()),
         )
         return rows.checkpoint(row) if row else None
 
@@ -243,12 +251,47 @@ class SQLiteStore(Store):
         with self._lock:
             if not _owns_run(self._conn, user, run_id):
                 return None
-            found = self._rows("SELECT * FROM checkpoints WHERE run_id = ? ORDER BY created_at, rowid", (run_id,))
+            found = self._rows(
+                f"SELECT * FROM checkpoints WHERE run_id = ? AND {_LIVE} ORDER BY created_at, rowid",
+                (run_id, self._clock()),
+            )
         return [rows.checkpoint(row) for row in found]
 
+    def set_checkpoint_ttl(self, user: str, run_id: str, name: str, ttl_seconds: float | None) -> Checkpoint | None:
+        ttl = check_ttl_seconds(ttl_seconds)
+        with self._tx() as conn:
+            now = self._clock()
+            changed = conn.execute(
+                f"UPDATE checkpoints SET expires_at = ? WHERE run_id = ? AND name = ? AND {_LIVE} "
+                "AND run_id IN (SELECT id FROM runs WHERE user = ?)",
+                (None if ttl is None else now + ttl, run_id, name, now, user),
+            ).rowcount
+            if changed != 1:
+                return None
+            row = conn.execute("SELECT * FROM checkpoints WHERE run_id = ? AND name = ?", (run_id, name)).fetchone()
+        return rows.checkpoint(row)
+
     def delete_checkpoint(self, user: str, run_id: str, name: str) -> bool:
-        sql = "DELETE FROM checkpoints WHERE run_id = ? AND name = ? AND run_id IN (SELECT id FROM runs WHERE user = ?)"
-        return self._update(sql, (run_id, name, user)) == 1
+        sql = (
+            f"DELETE FROM checkpoints WHERE run_id = ? AND name = ? AND {_LIVE} "
+            "AND run_id IN (SELECT id FROM runs WHERE user = ?)"
+        )
+        return self._update(sql, (run_id, name, self._clock(), user)) == 1
+
+    def expired_checkpoints(self) -> list[tuple[str, Checkpoint]]:
+        found = self._rows(
+            "SELECT r.user AS owner, c.* FROM checkpoints c JOIN runs r ON r.id = c.run_id "
+            "WHERE c.expires_at <= ? ORDER BY c.expires_at, c.rowid",
+            (self._clock(),),
+        )
+        return [(row["owner"], rows.checkpoint(row)) for row in found]
+
+    def delete_expired_checkpoint(self, user: str, run_id: str, name: str) -> bool:
+        sql = (
+            "DELETE FROM checkpoints WHERE run_id = ? AND name = ? AND expires_at <= ? "
+            "AND run_id IN (SELECT id FROM runs WHERE user = ?)"
+        )
+        return self._update(sql, (run_id, name, self._clock(), user)) == 1
 
     # futures
     def create_future(

@@ -6,8 +6,10 @@ from fastapi import FastAPI
 
 from twinkle.server.app.state import ServerState
 from twinkle.server.tinker import routes_rest, routes_sampling, routes_session, routes_training
+from twinkle.server.tinker.checkpoints import sampler_adapter_name
 from twinkle.server.tinker.http import PREFIX
 from twinkle.server.tinker.jobs import drop_sampler_adapters
+from twinkle.server.tinker.paths import CheckpointPath
 from twinkle.server.tinker.state import TinkerState
 
 ROUTERS = (routes_session.router, routes_training.router, routes_sampling.router, routes_rest.router)
@@ -19,14 +21,21 @@ def include_routers(app: FastAPI) -> None:
 
 
 def start(state: ServerState) -> TinkerState:
-    """The Tinker API's in-memory state, told when a run's adapter leaves the pool."""
+    """The Tinker API's in-memory state, told when a run's adapter leaves the pool or a checkpoint is gone."""
     tinker = TinkerState()
 
     def on_run_released(run_id: str) -> None:
         tinker.gate.close(run_id)
         drop_sampler_adapters(state, "", run_id, tinker.drop_run(run_id))  # its snapshots, in its pool's sampler
 
+    def on_checkpoint_removed(user: str, run_id: str, name: str) -> None:
+        """A deleted or expired checkpoint's adapter leaves every sampler that loaded it."""
+        adapter = sampler_adapter_name(user, CheckpointPath.from_store_name(run_id, name))
+        for replica in tinker.forget_loaded(adapter):
+            drop_sampler_adapters(state, user, run_id, [adapter], replica)
+
     state.release_hooks.append(on_run_released)
+    state.checkpoints.removed_hooks.append(on_checkpoint_removed)
     return tinker
 
 

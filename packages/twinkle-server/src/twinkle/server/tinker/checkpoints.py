@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from twinkle.errors import InvalidInputError
-from twinkle.server.app.calls import checkpoint_directory, checkpoint_path, delete_checkpoint
 from twinkle.server.paths import safe_child
-from twinkle.server.services.engine import FunctionTask
+from twinkle.server.services.checkpoints import CheckpointHold
 from twinkle.server.services.pool import ModelPool
 from twinkle.server.tinker.jobs import Caller
 from twinkle.server.tinker.paths import CheckpointPath, parse_path
@@ -18,35 +17,37 @@ from twinkle.server.tinker.replies import json_result
 def check_new_checkpoint(caller: Caller, target: CheckpointPath, overwrite: bool) -> None:
     """Refuse a name that cannot be a folder, or one already saved unless ``overwrite``."""
     safe_child(caller.state.config.checkpoint_dir, caller.user, target.run_id, target.name)
-    if not overwrite and caller.state.store.get_checkpoint(caller.user, target.run_id, target.store_name):
+    if not overwrite and caller.state.checkpoints.get(caller.user, target.run_id, target.store_name):
         raise InvalidInputError(f"checkpoint {target.tinker_path!r} exists; pass overwrite=True to replace it")
 
 
-def save_task(caller: Caller, target: CheckpointPath) -> FunctionTask:
-    """Writing the run's adapter (with optimizer state for a training checkpoint); :func:`record` follows."""
-    directory = checkpoint_directory(caller.state, caller.user, target.run_id, target.store_name)
-    return FunctionTask(write, (target.run_id, directory, target.kind == "training"))
-
-
 def write(pool: ModelPool, run_id: str, directory: Path, with_optimizer: bool) -> str:
+    """Write the run's adapter (with optimizer state for a training checkpoint) to ``directory``."""
     path = pool.model.save(
         directory.name, output_dir=str(directory.parent), save_optimizer=with_optimizer, adapter_name=run_id
     )
     return str(path)
 
 
-def record(caller: Caller, target: CheckpointPath, path: str) -> bytes:
-    """Record a written checkpoint (at ``path``) and make the reply."""
-    caller.state.store.add_checkpoint(caller.user, target.run_id, target.store_name, path)
+def record(caller: Caller, target: CheckpointPath, path: str, ttl_seconds: float | None) -> bytes:
+    """Record a written checkpoint (at ``path``, expiring ``ttl_seconds`` from now) and make the reply."""
+    caller.state.checkpoints.record(caller.user, target.run_id, target.store_name, path, ttl_seconds)
     caller.tinker.forget_loaded(sampler_adapter_name(caller.user, target))  # a sampler must not serve the old files
     return json_result({"path": target.tinker_path})
 
 
-def resolve(caller: Caller, path: object) -> tuple[CheckpointPath, Path]:
-    """A checkpoint path of the caller's (any of their runs) and its folder; 404 for anything else."""
+def resolve(caller: Caller, path: object) -> CheckpointPath:
+    """A live checkpoint path of the caller's (any of their runs); 404 for anything else."""
     target = parse_path(path)
-    saved = checkpoint_path(caller.state, caller.user, target.run_id, target.store_name, shown=target.tinker_path)
-    return target, Path(saved)
+    caller.state.checkpoints.existing(caller.user, target.run_id, target.store_name, shown=target.tinker_path)
+    return target
+
+
+def hold(caller: Caller, path: object) -> tuple[CheckpointPath, CheckpointHold]:
+    """:func:`resolve`, its files kept until the hold is released (the task reading them is over)."""
+    target = parse_path(path)
+    held = caller.state.checkpoints.hold(caller.user, target.run_id, target.store_name, shown=target.tinker_path)
+    return target, held
 
 
 def load(pool: ModelPool, run_id: str, directory: Path, with_optimizer: bool) -> bytes:
@@ -55,8 +56,11 @@ def load(pool: ModelPool, run_id: str, directory: Path, with_optimizer: bool) ->
 
 
 def delete(caller: Caller, target: CheckpointPath) -> None:
-    delete_checkpoint(caller.state, caller.user, target.run_id, target.store_name, shown=target.tinker_path)
-    caller.tinker.forget_loaded(sampler_adapter_name(caller.user, target))
+    caller.state.checkpoints.delete(caller.user, target.run_id, target.store_name, shown=target.tinker_path)
+
+
+def set_ttl(caller: Caller, target: CheckpointPath, ttl_seconds: object) -> None:
+    caller.state.checkpoints.set_ttl(caller.user, target.run_id, target.store_name, ttl_seconds, target.tinker_path)
 
 
 def sampler_adapter_name(user: str, target: CheckpointPath) -> str:

@@ -47,6 +47,7 @@ def submit(
     replica: int | None = None,
     finish: Callable[[Any], bytes] | None = None,
     on_failure: Callable[[], None] | None = None,
+    settled: Callable[[], None] | None = None,
 ) -> str:
     """Queue ``task`` (on ``replica``, by default the one ``queue_key`` routes to) and return its future id.
 
@@ -55,12 +56,20 @@ def submit(
     again, and the work is released to the engine in ``seq_id`` order. Other
     requests are deduplicated on ``key`` when one is given. ``finish`` makes the reply
     from the task's result (default: the result is the reply); ``on_failure`` runs if either fails.
+    ``settled`` runs once this request is over however it ends (done, failed, cancelled, refused
+    here, or a retry of a request already made), e.g. to let go of the checkpoint it reads.
     """
     state = caller.state
+    done = settled or (lambda: None)
     if seq_id:
         key = f"tinker-seq:{seq_id}"
-    future, created = state.futures.create(caller.user, METHOD_PREFIX + method, run_id, key)
+    try:
+        future, created = state.futures.create(caller.user, METHOD_PREFIX + method, run_id, key)
+    except BaseException:
+        done()
+        raise
     if not created:
+        done()
         return future.id
 
     def on_done(result: Any, error: BaseException | None) -> None:
@@ -69,6 +78,7 @@ def submit(
                 result = finish(result)
             except Exception as exc:  # recording the result failed: the caller must hear about it
                 error = exc
+        done()
         if error is not None:
             if on_failure is not None:
                 on_failure()
@@ -80,14 +90,16 @@ def submit(
         state.engine.submit(queue_key, task, on_done, None, tokens, (caller.user, method), replica)
 
     def cancel() -> None:
+        done()
         state.futures.fail(future.id, RuntimeError("the model was unloaded before this request's turn came"))
 
-    if run_id is None or not seq_id:
-        release()
-        return future.id
     try:
-        caller.tinker.gate.submit(run_id, seq_id, release, cancel)
+        if run_id is None or not seq_id:
+            release()
+        else:
+            caller.tinker.gate.submit(run_id, seq_id, release, cancel)
     except Exception as exc:
+        done()
         state.futures.fail(future.id, exc)
         raise
     return future.id
@@ -100,8 +112,11 @@ def skip_turn(caller: Caller, run_id: str, seq_id: int | None) -> None:
             caller.tinker.gate.submit(run_id, seq_id, lambda: None, lambda: None)
 
 
-def drop_sampler_adapters(state: ServerState, user: str, run_id: str, adapters: list[str]) -> None:
-    """Queue the removal of sampler adapters from the pool that holds (or held) ``run_id``; no one waits for it."""
+def drop_sampler_adapters(
+    state: ServerState, user: str, run_id: str, adapters: list[str], replica: int | None = None
+) -> None:
+    """Queue the removal of sampler adapters from the pool that holds (or held) ``run_id``, or from ``replica``'s;
+    no one waits for it."""
 
     def on_done(_: Any, error: BaseException | None) -> None:
         if error is not None:
@@ -109,4 +124,5 @@ def drop_sampler_adapters(state: ServerState, user: str, run_id: str, adapters: 
 
     for adapter in adapters:
         task = PoolTask("drop_sampler_adapter", (adapter,))
-        state.engine.submit(run_id, task, on_done, None, 0, (user, METHOD_PREFIX + "drop_sampler_adapter"))
+        labels = (user, METHOD_PREFIX + "drop_sampler_adapter")
+        state.engine.submit(run_id, task, on_done, None, 0, labels, replica)

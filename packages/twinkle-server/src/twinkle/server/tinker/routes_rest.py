@@ -26,12 +26,13 @@ def _time(seconds: float) -> str:
 
 def _checkpoint(run_id: str, checkpoint: Checkpoint) -> dict[str, Any]:
     path = CheckpointPath.from_store_name(run_id, checkpoint.name)
+    expires_at = None if checkpoint.expires_at is None else _time(checkpoint.expires_at)
     return {"checkpoint_id": path.checkpoint_id, "checkpoint_type": path.kind, "time": _time(checkpoint.created_at),
-            "tinker_path": path.tinker_path, "public": False}  # fmt: skip
+            "tinker_path": path.tinker_path, "public": False, "expires_at": expires_at}  # fmt: skip
 
 
 def _training_run(caller: Caller, run: Run) -> dict[str, Any]:
-    saved = caller.state.store.list_checkpoints(caller.user, run.id) or []
+    saved = caller.state.checkpoints.run_checkpoints(caller.user, run.id) or []
     listed = [_checkpoint(run.id, checkpoint) for checkpoint in saved]
     last = {kind: next((c for c in reversed(listed) if c["checkpoint_type"] == kind), None)
             for kind in ("training", "sampler")}  # fmt: skip
@@ -75,7 +76,7 @@ async def get_training_run(run_id: str, request: Request) -> JSONResponse:
 async def list_checkpoints(run_id: str, request: Request, limit: int = 1000, offset: int = 0) -> JSONResponse:
     caller = tinker_caller(request)
     owned_run(caller, run_id)
-    saved = caller.state.store.list_checkpoints(caller.user, run_id) or []
+    saved = caller.state.checkpoints.run_checkpoints(caller.user, run_id) or []
     cursor = _page(len(saved), limit, offset)
     return reply({"checkpoints": [_checkpoint(run_id, c) for c in saved[offset : offset + limit]], "cursor": cursor})
 
@@ -88,12 +89,23 @@ async def delete_checkpoint(run_id: str, checkpoint_id: str, request: Request) -
     return reply({})
 
 
+@router.put("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/ttl")
+async def set_checkpoint_ttl(run_id: str, checkpoint_id: str, request: Request) -> JSONResponse:
+    """``{ttl_seconds}``: the checkpoint expires that many seconds from now; ``null`` keeps it until deleted."""
+    caller, body = tinker_caller(request), await read_body(request)
+    owned_run(caller, run_id)
+    if "ttl_seconds" not in body:
+        raise InvalidInputError("the body needs ttl_seconds: a number of seconds, or null to keep the checkpoint")
+    checkpoints.set_ttl(caller, parse_checkpoint_id(run_id, checkpoint_id), body["ttl_seconds"])
+    return reply({})
+
+
 @router.post("/weights_info")
 async def weights_info(request: Request) -> JSONResponse:
     caller, body = tinker_caller(request), await read_body(request)
     target = parse_path(body.get("tinker_path"))
     run = caller.state.store.get_run(caller.user, target.run_id)
-    if run is None or caller.state.store.get_checkpoint(caller.user, target.run_id, target.store_name) is None:
+    if run is None or caller.state.checkpoints.get(caller.user, target.run_id, target.store_name) is None:
         raise ResourceNotFoundError(f"no checkpoint {body.get('tinker_path')!r}")
     return reply({"base_model": run.metadata.get("base_model") or caller.state.config.model_id,
                   "is_lora": run.lora_config is not None,

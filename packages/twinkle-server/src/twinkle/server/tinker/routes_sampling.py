@@ -48,11 +48,11 @@ def submit_snapshot(caller: Caller, run: Run, sampling_session_seq_id: int, kind
 
 def _session_for(caller: Caller, session_id: str, base_model: str | None, model_path: str | None) -> SamplingSession:
     if model_path is not None:
-        target, directory = checkpoints.resolve(caller, model_path)
+        target = checkpoints.resolve(caller, model_path)
         source = caller.state.store.get_run(caller.user, target.run_id)
         name = base_model or (source.metadata.get("base_model") if source else None) or caller.state.config.model_id
         adapter = checkpoints.sampler_adapter_name(caller.user, target)
-        return SamplingSession(session_id, caller.user, name, model_path, adapter, directory=str(directory))
+        return SamplingSession(session_id, caller.user, name, model_path, adapter)
     if base_model is None:
         raise InvalidInputError("a sampling client needs base_model or model_path")
     check_base_model(caller, base_model)
@@ -100,14 +100,16 @@ async def asample(request: Request) -> JSONResponse:
 
     queue_key, args = f"sample:{session.id}", (tokens, params, body.prompt_logprobs_last_n)
     replica = engine.replica_of(session.run_id or queue_key)  # a snapshot is in its run's pool; else any will do
-    task, finish = FunctionTask(sampling.sample, (session.adapter, *args)), None
-    if session.directory is not None:
+    task, finish, settled = FunctionTask(sampling.sample, (session.adapter, *args)), None, None
+    if session.model_path is not None:  # a saved checkpoint's weights, which must still exist (not expired)
         adapter = session.adapter
         assert adapter is not None  # a checkpoint's session samples with that checkpoint's adapter
+        _, hold = checkpoints.hold(caller, session.model_path)  # its files stay until this request is over
+        settled = hold.release
         # Marked once a load succeeded (a deduplicated retry runs and marks nothing); requests sent before
         # then load it too.
         reload = not caller.tinker.is_loaded(adapter, replica)
-        task = FunctionTask(sampling.sample_checkpoint, (adapter, session.directory, reload, *args))
+        task = FunctionTask(sampling.sample_checkpoint, (adapter, str(hold.path), reload, *args))
 
         def finish(reply: bytes) -> bytes:
             caller.tinker.mark_loaded(adapter, replica)
@@ -115,6 +117,7 @@ async def asample(request: Request) -> JSONResponse:
 
     key = None if body.seq_id is None else f"tinker-sample:{session.id}:{body.seq_id}"
     request_id = submit(
-        caller, "sample", task, queue_key=queue_key, key=key, tokens=len(tokens), replica=replica, finish=finish
-    )
+        caller, "sample", task, queue_key=queue_key, key=key, tokens=len(tokens), replica=replica, finish=finish,
+        settled=settled,
+    )  # fmt: skip
     return future(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(params.num_samples)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -11,6 +12,7 @@ from tinker import types
 
 from twinkle.errors import InvalidInputError, ResourceNotFoundError
 from twinkle.server.services.engine import FunctionTask
+from twinkle.server.store import check_ttl_seconds
 from twinkle.server.tinker import checkpoints, training
 from twinkle.server.tinker.codec import decode_forward_backward
 from twinkle.server.tinker.http import (
@@ -26,10 +28,8 @@ from twinkle.server.tinker.jobs import METHOD_PREFIX, Caller, skip_turn, submit
 from twinkle.server.tinker.paths import CheckpointPath, training_run_id
 from twinkle.server.tinker.replies import POLL_WAIT_S, future_reply
 from twinkle.server.tinker.routes_sampling import submit_snapshot
-from twinkle.utils import get_logger
 
 router = APIRouter(prefix=PREFIX)
-logger = get_logger(__name__)
 
 
 def _new_run(
@@ -39,8 +39,12 @@ def _new_run(
     config: dict[str, Any],
     metadata: dict[str, Any],
     then: FunctionTask | None,
+    settled: Callable[[], None] | None = None,
 ) -> JSONResponse:
-    """Record and load a new model (its first request, seq 0); ``then`` (a load) runs right after and replies."""
+    """Record and load a new model (its first request, seq 0); ``then`` (a load) runs right after and replies.
+
+    ``settled`` runs once the request is over, however it ends (see :func:`submit`).
+    """
     state, user = caller.state, caller.user
     run_id = training_run_id(session_id, model_seq_id)
     existing = state.store.get_run(user, run_id)
@@ -57,8 +61,9 @@ def _new_run(
 
     task = FunctionTask(training.create_model, (run_id, config, metadata.get("seed"), then))
     request_id = submit(
-        caller, "create_model", task, queue_key=run_id, run_id=run_id, key="tinker-create", on_failure=failed
-    )
+        caller, "create_model", task, queue_key=run_id, run_id=run_id, key="tinker-create", on_failure=failed,
+        settled=settled,
+    )  # fmt: skip
     return future(request_id, model_id=run_id)
 
 
@@ -71,10 +76,7 @@ async def create_model(request: Request) -> JSONResponse:
     lora = body.lora_config
     if lora is None:
         raise InvalidInputError("this server trains LoRA adapters: pass lora_config (create_lora_training_client)")
-    if lora.train_unembed:  # the shared base's output layer runs per token, not per adapter (see the README)
-        logger.info("model %s:train:%s: LoRA on the output layer is not supported; training attention/MLP only",
-                    body.session_id, body.model_seq_id)  # fmt: skip
-    config = training.lora_config(lora.rank, lora.train_attn, lora.train_mlp)
+    config = training.lora_config(lora.rank, lora.train_attn, lora.train_mlp, lora.train_unembed)
     metadata = {"api": "tinker", "base_model": body.base_model, "user_metadata": body.user_metadata or {},
                 "lora_rank": lora.rank, "seed": lora.seed}  # fmt: skip
     return _new_run(caller, body.session_id, body.model_seq_id, config, metadata, then=None)
@@ -131,7 +133,7 @@ async def save_weights(request: Request) -> JSONResponse:
     caller, body = tinker_caller(request), await parse(request, types.SaveWeightsRequest)
     resident_run(caller, body.model_id)
     target = CheckpointPath(body.model_id, "training", str(body.path))
-    return _save(caller, target, body.seq_id, bool(body.overwrite))
+    return _save(caller, target, body.seq_id, bool(body.overwrite), body.ttl_seconds)
 
 
 @router.post("/save_weights_for_sampler")
@@ -139,7 +141,8 @@ async def save_weights_for_sampler(request: Request) -> JSONResponse:
     caller, body = tinker_caller(request), await parse(request, types.SaveWeightsForSamplerRequest)
     run = resident_run(caller, body.model_id)
     if body.path is not None:
-        return _save(caller, CheckpointPath(run.id, "sampler", body.path), body.seq_id, overwrite=True)
+        target = CheckpointPath(run.id, "sampler", body.path)
+        return _save(caller, target, body.seq_id, overwrite=True, ttl_seconds=body.ttl_seconds)
     if body.sampling_session_seq_id is None:
         skip_turn(caller, run.id, body.seq_id)
         raise InvalidInputError("save_weights_for_sampler needs a path (a name) or a sampling_session_seq_id")
@@ -147,18 +150,23 @@ async def save_weights_for_sampler(request: Request) -> JSONResponse:
     return future(request_id, model_id=run.id)
 
 
-def _save(caller: Caller, target: CheckpointPath, seq_id: int | None, overwrite: bool) -> JSONResponse:
+def _save(
+    caller: Caller, target: CheckpointPath, seq_id: int | None, overwrite: bool, ttl_seconds: int | None
+) -> JSONResponse:
     try:
+        ttl = check_ttl_seconds(ttl_seconds)
         checkpoints.check_new_checkpoint(caller, target, overwrite)
     except Exception:
         skip_turn(caller, target.run_id, seq_id)
         raise
     method = "save_weights" if target.kind == "training" else "save_weights_for_sampler"
-    finish = lambda path: checkpoints.record(caller, target, path)  # noqa: E731
-    task = checkpoints.save_task(caller, target)
+    hold = caller.state.checkpoints.hold_for_save(caller.user, target.run_id, target.store_name)
+    finish = lambda path: checkpoints.record(caller, target, path, ttl)  # noqa: E731
+    task = FunctionTask(checkpoints.write, (target.run_id, hold.path, target.kind == "training"))
     request_id = submit(
-        caller, method, task, queue_key=target.run_id, run_id=target.run_id, seq_id=seq_id, finish=finish
-    )
+        caller, method, task, queue_key=target.run_id, run_id=target.run_id, seq_id=seq_id, finish=finish,
+        settled=hold.release,
+    )  # fmt: skip
     return future(request_id, model_id=target.run_id)
 
 
@@ -169,26 +177,32 @@ async def load_weights(request: Request) -> JSONResponse:
         if body.model_seq_id is None:
             raise InvalidInputError("load_weights with session_id needs model_seq_id")
         check_base_model(caller, body.base_model)
-        target, directory = checkpoints.resolve(caller, body.path)
-        config = checkpoints.source_lora_config(caller, target)
-        source = caller.state.store.get_run(caller.user, target.run_id)
-        source_metadata = source.metadata if source is not None else {}  # the run may be gone by now
-        metadata = {"api": "tinker", "base_model": body.base_model or source_metadata.get("base_model"),
-                    "user_metadata": body.user_metadata or {}, "lora_rank": config.get("r"),
-                    "loaded_from": target.tinker_path}  # fmt: skip
-        run_id = training_run_id(body.session_id, body.model_seq_id)
-        then = FunctionTask(checkpoints.load, (run_id, directory, body.optimizer))
-        return _new_run(caller, body.session_id, body.model_seq_id, config, metadata, then)
+        target, hold = checkpoints.hold(caller, body.path)  # its files stay until the load is over
+        try:
+            config = checkpoints.source_lora_config(caller, target)
+            source = caller.state.store.get_run(caller.user, target.run_id)
+            source_metadata = source.metadata if source is not None else {}  # the run may be gone by now
+            metadata = {"api": "tinker", "base_model": body.base_model or source_metadata.get("base_model"),
+                        "user_metadata": body.user_metadata or {}, "lora_rank": config.get("r"),
+                        "loaded_from": target.tinker_path}  # fmt: skip
+            run_id = training_run_id(body.session_id, body.model_seq_id)
+            then = FunctionTask(checkpoints.load, (run_id, hold.path, body.optimizer))
+            return _new_run(caller, body.session_id, body.model_seq_id, config, metadata, then, hold.release)
+        except BaseException:
+            hold.release()
+            raise
     if body.model_id is None:
         raise InvalidInputError("load_weights needs model_id (and seq_id), or session_id and model_seq_id")
     run = resident_run(caller, body.model_id)
     try:
-        _, directory = checkpoints.resolve(caller, body.path)
+        _, hold = checkpoints.hold(caller, body.path)
     except Exception:
         skip_turn(caller, run.id, body.seq_id)
         raise
-    task = FunctionTask(checkpoints.load, (run.id, directory, body.optimizer))
-    request_id = submit(caller, "load_weights", task, queue_key=run.id, run_id=run.id, seq_id=body.seq_id)
+    task = FunctionTask(checkpoints.load, (run.id, hold.path, body.optimizer))
+    request_id = submit(
+        caller, "load_weights", task, queue_key=run.id, run_id=run.id, seq_id=body.seq_id, settled=hold.release
+    )
     return future(request_id, model_id=run.id)
 
 

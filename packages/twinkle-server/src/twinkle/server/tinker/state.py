@@ -30,7 +30,6 @@ class SamplingSession:
     model_path: str | None  # the tinker:// path it was created from, if any
     adapter: str | None  # the sampler adapter serving it; None samples the base model
     run_id: str | None = None  # the run an ephemeral snapshot was taken from
-    directory: str | None = None  # the saved checkpoint's folder, loaded into the sampler on first use
 
 
 class TinkerState:
@@ -98,7 +97,9 @@ class TinkerState:
             self._loaded.add((adapter, replica))
             return True
 
-    def forget_loaded(self, adapter: str) -> None:
-        """Its files changed or went: every replica must load it again."""
+    def forget_loaded(self, adapter: str) -> list[int]:
+        """Its files changed or went: every replica must load it again; returns the replicas that had it."""
         with self._lock:
+            replicas = sorted(replica for name, replica in self._loaded if name == adapter)
             self._loaded = {entry for entry in self._loaded if entry[0] != adapter}
+        return replicas

@@ -27,14 +27,21 @@ from twinkle.server.tinker.replies import json_result, proto_result
 ADAM_DEFAULTS: dict[str, Any] = {"lr": 1e-4, "betas": (0.9, 0.95), "eps": 1e-12, "weight_decay": 0.0}
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+OUTPUT_LAYER = "lm_head"  # the unembedding of transformers causal LMs (tied or not: LoRA adapts the output only)
 LORA_ALPHA = 32  # Tinker fixes alpha; only the rank is the user's choice
 
 
-def lora_config(rank: int, train_attn: bool, train_mlp: bool) -> dict[str, Any]:
+def lora_config(rank: int, train_attn: bool, train_mlp: bool, train_unembed: bool) -> dict[str, Any]:
     """The PEFT ``LoraConfig`` fields for a Tinker ``LoraConfig``."""
-    targets = [*(ATTENTION_MODULES if train_attn else ()), *(MLP_MODULES if train_mlp else ())]
+    targets = [
+        *(ATTENTION_MODULES if train_attn else ()),
+        *(MLP_MODULES if train_mlp else ()),
+        *((OUTPUT_LAYER,) if train_unembed else ()),
+    ]
     if not targets:
-        raise InvalidInputError("train_attn and train_mlp are both false: the adapter would train nothing")
+        raise InvalidInputError(
+            "train_attn, train_mlp and train_unembed are all false: the adapter would train nothing"
+        )
     return {"r": rank, "lora_alpha": LORA_ALPHA, "target_modules": targets}
 
 
