@@ -16,8 +16,12 @@ import numpy as np
 import pytest
 import tinker
 import torch
+from peft import PeftModel
 from safetensors.torch import load_file
 from tinker import types
+from transformers import AutoModelForCausalLM
+
+from twinkle.hub import resolve_model
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tinker_harness import BASE_MODEL, close_clients, logprobs_of, service_client, sft_datum
@@ -48,11 +52,14 @@ def train(client: tinker.ServiceClient, seed: int, tag: int) -> tuple[np.ndarray
 
 
 def _adapter_tensors(client: tinker.ServiceClient, path: str) -> dict[str, torch.Tensor]:
+    return load_file(str(_checkpoint_folder(client, path) / "adapter_model.safetensors"))
+
+
+def _checkpoint_folder(client: tinker.ServiceClient, path: str) -> Path:
     parsed = types.ParsedCheckpointTinkerPath.from_tinker_path(path)
-    state_dir = client._test_state_dir  # set by the fixture below
+    state_dir = client._test_state_dir  # set by client_for below
     user = client._test_user
-    folder = state_dir / "checkpoints" / user / parsed.training_run_id / parsed.checkpoint_id.split("/", 1)[1]
-    return load_file(str(folder / "adapter_model.safetensors"))
+    return state_dir / "checkpoints" / user / parsed.training_run_id / parsed.checkpoint_id.split("/", 1)[1]
 
 
 def client_for(server, user: str) -> tinker.ServiceClient:
@@ -161,3 +168,45 @@ def test_bad_input_gets_the_sdk_error_and_costs_other_clients_nothing(server):
     # the refused requests left the sender's adapter as it was, and it trains on
     np.testing.assert_array_equal(logprobs_of(sender.forward(PROBE, "cross_entropy").result())[0], before)
     assert sender.forward_backward([sft_datum(5)], "cross_entropy").result().metrics["loss:sum"] > 0
+
+
+def _peft_logprobs(model: torch.nn.Module, datum: types.Datum) -> np.ndarray:
+    tokens = torch.tensor([datum.model_input.to_ints()])
+    targets = torch.as_tensor(datum.loss_fn_inputs["target_tokens"].to_numpy()).long()
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(input_ids=tokens).logits[0], -1)
+    return logprobs.gather(-1, targets[:, None])[:, 0].numpy()
+
+
+@pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`:UserWarning")  # PEFT, on the tied lm_head
+def test_train_unembed_trains_the_output_layer_and_the_adapter_loads_in_plain_peft(server):
+    """The SDK's default ``train_unembed=True`` puts LoRA on ``lm_head``; plain PEFT gives the server's log-probs.
+
+    The server computes in float32 and the reference in float64: on this model's
+    log-probs (|lp| < 20) float32 round-off is ~1e-7 and stays far below 1e-5 on
+    any CPU, while the output layer's trained update moves them by > 1e-3.
+    """
+    client = client_for(server, "carol")
+    data = [sft_datum(31), sft_datum(32, length=7)]
+    saved = {}
+    for train_unembed in (True, False):
+        trainer = client.create_lora_training_client(
+            base_model=BASE_MODEL, rank=4, seed=3, train_unembed=train_unembed
+        ).result()
+        for _ in range(2):
+            trainer.forward_backward(data, "cross_entropy").result()
+            trainer.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+        served = logprobs_of(trainer.forward(PROBE, "cross_entropy").result())[0]
+        saved[train_unembed] = served, trainer.save_state("unembed").result().path
+    served, path = saved[True]
+    tensors = _adapter_tensors(client, path)
+    assert tensors["base_model.model.lm_head.lora_B.weight"].abs().max() > 0, "training moved the output layer's B"
+    assert not [key for key in tensors if "base_layer" in key], "only the adapter is saved, not the frozen base"
+    assert not [key for key in _adapter_tensors(client, saved[False][1]) if "lm_head" in key]
+
+    base = AutoModelForCausalLM.from_pretrained(resolve_model(BASE_MODEL), dtype=torch.float64)
+    plain = PeftModel.from_pretrained(base, _checkpoint_folder(client, path)).eval()
+    np.testing.assert_allclose(served, _peft_logprobs(plain, PROBE[0]), atol=1e-5, rtol=0)
+    with torch.no_grad():  # the same adapter without its output-layer update
+        plain.get_base_model().lm_head.lora_B["default"].weight.zero_()
+    assert np.abs(served - _peft_logprobs(plain, PROBE[0])).max() > 1e-3

@@ -102,6 +102,10 @@ class FakeServer:
             return {"checkpoints": [{"name": "c1", "path": f"twinkle://{match[1]}/weights/c1", "created_at": 1.0}]}
         if method == "DELETE" and "/checkpoints/" in path:
             return {}
+        if match := re.fullmatch(r"/runs/([^/]+)/checkpoints/([^/]+)/ttl", path):
+            expires_at = None if body["ttl_seconds"] is None else 1.0 + body["ttl_seconds"]
+            return {"name": match[2], "path": f"twinkle://{match[1]}/{match[2]}", "created_at": 1.0,
+                    "expires_at": expires_at}  # fmt: skip
         if path == "/sample":
             return self._future(_sample_response(body).to_dict())
         if path == "/datasets":

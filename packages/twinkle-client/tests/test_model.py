@@ -174,6 +174,21 @@ def test_checkpoints_of_the_adapters_run(client, server):
         model.save("c2", dataloader=object())
 
 
+def test_a_checkpoint_can_expire_on_the_server(client, server):
+    model = TransformersModel()
+    model.add_adapter_to_model("a", LoraConfig(r=4))
+    model.save("short", ttl_seconds=2)
+    model.save("kept")
+    assert [kwargs for _, kwargs in calls(server, "run-1")] == [
+        {"name": "short", "save_optimizer": True, "ttl_seconds": 2},
+        {"name": "kept", "save_optimizer": True},  # no TTL: the server keeps it until deleted
+    ]
+    model.set_checkpoint_ttl("kept", 60)
+    model.set_checkpoint_ttl("short", None)
+    assert [s.body for s in server.requests("PUT", "/runs/run-1/checkpoints/kept/ttl")] == [{"ttl_seconds": 60}]
+    assert [s.body for s in server.requests("PUT", "/runs/run-1/checkpoints/short/ttl")] == [{"ttl_seconds": None}]
+
+
 def test_metrics_added_to_a_remote_model_run_here_and_join_calculate_metric(client, server):
     from twinkle_client.metric import DPOMetric
 

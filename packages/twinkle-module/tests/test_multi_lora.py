@@ -12,6 +12,7 @@ from twinkle.module import (
     adapter_rows,
     inject_multi_lora,
     multi_lora_modules,
+    per_token,
     remove_adapter,
     set_adapter_weights,
 )
@@ -193,3 +194,25 @@ def test_nested_adapter_rows_restore_the_outer_assignment(multi_model):
             assert layer.routing.batch_size == 1
         assert layer.routing is outer
     assert layer.routing is None
+
+
+def test_per_token_gives_flattened_tokens_their_rows_adapters_even_after_the_block():
+    """An output layer run on some positions of a batch, flattened (as the chunked log-probs do)."""
+    torch.manual_seed(0)
+    # float64: a flattened and a batched matmul may sum in different orders.
+    layer = MultiLoraLinear(torch.nn.Linear(6, 5, bias=False, dtype=torch.float64))
+    for name, rank in (("x", 2), ("y", 3)):
+        layer.adapters[name] = layer.checked_weights(name, torch.randn(rank, 6), torch.randn(5, rank), 0.5)
+    x_BTI = torch.randn(3, 4, 6, dtype=torch.float64)
+    kept_BT = torch.rand(3, 4, generator=torch.Generator().manual_seed(1)) > 0.4
+    rows_N = kept_BT.nonzero(as_tuple=True)[0]
+    with adapter_rows(layer, ["x", None, "y"]):
+        expected_NO = layer(x_BTI)[kept_BT]
+        assert layer.adapting
+        tokens = per_token(layer, rows_N)
+    # The assignment was taken inside the block: a recomputation after it (checkpointed backward) agrees.
+    torch.testing.assert_close(tokens(x_BTI[kept_BT]), expected_NO, atol=1e-12, rtol=1e-12)
+    with adapter_rows(layer, [None, None, None]):
+        assert not layer.adapting  # no row's adapter reaches this layer: it is the plain linear
+    plain = torch.nn.Linear(6, 5)
+    assert per_token(plain, rows_N) is plain and per_token(layer, rows_N) is layer  # outside a block: as it is

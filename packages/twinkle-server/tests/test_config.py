@@ -11,6 +11,7 @@ port: 9001
 state_dir: state
 max_rank: 32
 session_timeout_s: 30
+checkpoint_sweep_interval_s: 5
 api_keys_file: keys.json
 quotas: {max_adapters: 2, max_rank: 16, requests_per_second: 5}
 users:
@@ -35,7 +36,7 @@ def test_defaults(monkeypatch, tmp_path):
     assert config.database == config.state_dir / "twinkle.db"
     assert config.checkpoint_dir == config.state_dir / "checkpoints"
     assert (config.max_loras, config.max_rank, config.session_timeout_s) == (8, 64, 120.0)
-    assert config.max_tokens_per_pass == 32768
+    assert config.max_tokens_per_pass == 32768 and config.checkpoint_sweep_interval_s == 60.0
     assert config.quotas == Quotas(max_adapters=4, max_rank=64, max_tokens_per_request=65536, requests_per_second=50.0)
     assert config.users == {} and config.api_keys() == {}
 
@@ -46,6 +47,7 @@ def test_load_file_relative_paths_and_overrides(tmp_path, monkeypatch):
     monkeypatch.chdir("/")
     config = load_config(path)
     assert config.port == 9001 and config.max_rank == 32 and config.session_timeout_s == 30.0
+    assert config.checkpoint_sweep_interval_s == 5.0 and isinstance(config.checkpoint_sweep_interval_s, float)
     assert config.state_dir == tmp_path / "state"  # relative to the config file, not the cwd
     assert config.database == tmp_path / "state" / "twinkle.db"
     assert isinstance(config.quotas.requests_per_second, float)
@@ -102,6 +104,7 @@ def test_direct_construction_derives_paths(tmp_path):
         ("port: 70000", "port: must be in 0..65535"),
         ("max_loras: 0", "max_loras: must be positive, got 0"),
         ("session_timeout_s: -1", "session_timeout_s: must be positive, got -1"),
+        ("checkpoint_sweep_interval_s: 0", "checkpoint_sweep_interval_s: must be positive, got 0"),
         ("max_tokens_per_pass: -1", "max_tokens_per_pass: must be >= 0 (0 never batches tenants together), got -1"),
         ("max_tokens_per_pass: 1.5", "max_tokens_per_pass: expected int, got float (1.5)"),
         ("host: ''", "host: must not be empty"),

@@ -203,11 +203,16 @@ class TwinkleClient:
         self.request("POST", f"/runs/{run_id}/resume", {"session_id": self.session_id})
 
     def list_checkpoints(self, run_id: str) -> list[dict[str, Any]]:
-        """``[{"name", "path", "created_at"}, ...]`` of one run."""
+        """``[{"name", "path", "created_at", "expires_at"}, ...]`` of one run."""
         return self.request("GET", f"/runs/{run_id}/checkpoints")["checkpoints"]
 
     def delete_checkpoint(self, run_id: str, name: str) -> None:
         self.request("DELETE", f"/runs/{run_id}/checkpoints/{name}")
+
+    def set_checkpoint_ttl(self, run_id: str, name: str, ttl_seconds: float | None) -> dict[str, Any]:
+        """Expire a checkpoint ``ttl_seconds`` from now (None: never); returns its listing entry."""
+        body = {"ttl_seconds": ttl_seconds}
+        return self.request("PUT", f"/runs/{run_id}/checkpoints/{name}/ttl", body, retry_safe=True)
 
     # ------------------------------------------------------------------ session
 

@@ -190,25 +190,35 @@ class TransformersModel:
         save_optimizer: bool = True,
         adapter_name: str | None = None,
         dataloader: Any = None,
+        *,
+        ttl_seconds: float | None = None,
     ) -> str:
         """Save a checkpoint in the server's checkpoint store; returns its server path (pass it to ``load``).
 
-        ``output_dir`` is a local option: remote checkpoints live where the server keeps them.
+        ``output_dir`` is a local option: remote checkpoints live where the server keeps them. With
+        ``ttl_seconds`` the server deletes the checkpoint that long after saving it (listed with its
+        ``expires_at`` until then); by default it is kept until deleted.
         """
         if dataloader is not None:
             raise ConfigurationError("a remote save cannot record a dataloader position; call save without it")
-        return self._call("save", adapter_name, name=name, save_optimizer=save_optimizer)
+        expiry = {} if ttl_seconds is None else {"ttl_seconds": ttl_seconds}
+        return self._call("save", adapter_name, name=name, save_optimizer=save_optimizer, **expiry)
 
     def load(self, path: str, adapter_name: str | None = None, load_optimizer: bool = False) -> None:
         """Load a checkpoint saved by :meth:`save` (its returned path) into the adapter."""
         self._call("load", adapter_name, path=path, load_optimizer=load_optimizer)
 
     def list_checkpoints(self, adapter_name: str | None = None) -> list[dict[str, Any]]:
-        """``[{"name", "path", "created_at"}, ...]`` of this adapter's run."""
+        """``[{"name", "path", "created_at", "expires_at"}, ...]`` of this adapter's run (``expires_at``: None
+        for a checkpoint kept until deleted)."""
         return self._client.list_checkpoints(self.run_id(adapter_name))
 
     def delete_checkpoint(self, name: str, adapter_name: str | None = None) -> None:
         self._client.delete_checkpoint(self.run_id(adapter_name), name)
+
+    def set_checkpoint_ttl(self, name: str, ttl_seconds: float | None, adapter_name: str | None = None) -> None:
+        """Have the server delete checkpoint ``name`` ``ttl_seconds`` from now, or keep it until deleted (None)."""
+        self._client.set_checkpoint_ttl(self.run_id(adapter_name), name, ttl_seconds)
 
     # ------------------------------------------------------------------ internals
 

@@ -143,7 +143,7 @@ def target_module_names(model: Any, config: LoraConfig) -> list[str]:
         targets = config.target_modules
     if isinstance(targets, str) and targets.lower() == "all-linear":
         names = [name for name in linears if model.get_submodule(name) is not output_layer]
-    elif not isinstance(targets, str) and "all-linear" in targets:
+    elif isinstance(targets, (set, list)) and "all-linear" in targets:
         # PEFT would look for a module named "all-linear", so a saved adapter would not load there as trained.
         raise ConfigurationError(
             "'all-linear' is a shorthand only as the whole target_modules string, as in PEFT; to add the "

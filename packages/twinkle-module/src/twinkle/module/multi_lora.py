@@ -60,7 +60,7 @@ class RowRouting:
 
     def for_tokens(self, rows_N: torch.Tensor) -> RowRouting:
         """The same assignment for ``N`` flattened tokens, token ``n`` being one of batch row ``rows_N[n]``."""
-        groups = []
+        groups: list[tuple[str, torch.Tensor | None]] = []
         for name, rows in self.groups:
             if rows is None:  # the adapter of every row is the adapter of every token
                 groups.append((name, None))

@@ -186,9 +186,9 @@ class Checkpoints:
         self._removed(key, trash)
 
     def _discard(self, key: CheckpointKey) -> Path | None:
-        """Move the folder out of the way (fast, under the lock); :func:`_remove` deletes it after."""
+        """Move the folder out of the way (fast, under the lock); :meth:`_removed` deletes it after."""
         directory = self.directory(*key)
-        trash = directory.with_name(f".deleted-{secrets.token_hex(8)}-{directory.name}")  # no tenant name starts '.'
+        trash = directory.with_name(f".deleted-{secrets.token_hex(8)}")  # no tenant's name starts with '.'
         try:
             directory.rename(trash)
         except FileNotFoundError:
@@ -197,14 +197,10 @@ class Checkpoints:
 
     def _removed(self, key: CheckpointKey, trash: Path | None) -> None:
         """The checkpoint is gone for good: delete its moved-away folder and tell the hooks."""
-        _remove(trash)
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
         for hook in self.removed_hooks:
             try:
                 hook(*key)
             except Exception:
                 logger.exception("a checkpoint removal hook failed for %s", key)
-
-
-def _remove(trash: Path | None) -> None:
-    if trash is not None:
-        shutil.rmtree(trash, ignore_errors=True)
