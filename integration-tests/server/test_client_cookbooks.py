@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CLIENTS = Path(__file__).resolve().parents[2] / "cookbook" / "client"
-TIMEOUT_S = 300
+TIMEOUT_S = 240  # per script; each takes 5-35 s
 # What ``pip install twinkle-client`` leaves out; the runner makes their imports fail as if not installed.
 NOT_INSTALLED = ("torch", "transformers", "peft", "datasets")
 WITHOUT_TORCH = f"""
@@ -47,6 +48,7 @@ class Run:
     output_dir: Path
     stdout: str
     failure: str
+    timed_out: bool = False
 
     def output(self) -> str:
         assert not self.failure, self.failure
@@ -62,15 +64,22 @@ def server(start_server):
 def runs(server, tmp_path_factory) -> dict[str, Run]:
     """Every script's run, by script path; the two users' scripts run side by side."""
     results: dict[str, Run] = {}
+    stalled = threading.Event()  # a script timed out: the server is stuck, so the rest would only wait too
 
     def start(user: str, script: str, **knobs: str) -> Run:
-        results[script] = run_script(server, user, script, tmp_path_factory.mktemp(Path(script).stem), knobs)
+        output_dir = tmp_path_factory.mktemp(Path(script).stem)
+        if stalled.is_set():
+            results[script] = Run(output_dir, "", f"{script} was not run: an earlier script timed out")
+        else:
+            results[script] = run_script(server, user, script, output_dir, knobs)
+        if results[script].timed_out:
+            stalled.set()
         return results[script]
 
     def twinkle_client_scripts() -> None:
         sft = start("twinkle-user", "twinkle/self_host/self_cognition.py", MAX_STEPS="2", BATCH_SIZE="4")
         adapter = saved_path(sft, "twinkle://")
-        start("twinkle-user", "twinkle/self_host/sample.py", ADAPTER_PATH=adapter, MAX_NEW_TOKENS="2")
+        start("twinkle-user", "twinkle/self_host/sample.py", ADAPTER_PATH=adapter)
         start("twinkle-user", "twinkle/self_host/dpo.py", MAX_STEPS="1", BATCH_SIZE="2", EVAL_PAIRS="2")
         grpo = {"WARMUP_STEPS": "1", "MAX_STEPS": "1", "BATCH_SIZE": "2", "NUM_GENERATIONS": "2"}
         start("twinkle-user", "twinkle/self_host/short_math_grpo.py", **grpo, MAX_NEW_TOKENS="4")
@@ -78,8 +87,8 @@ def runs(server, tmp_path_factory) -> dict[str, Run]:
     def tinker_scripts() -> None:
         sft = start("tinker-user", "tinker/self_host/self_cognition.py", MAX_STEPS="3", BATCH_SIZE="4")
         weights = saved_path(sft, "tinker://")
-        start("tinker-user", "tinker/self_host/sample.py", MODEL_PATH=weights, MAX_NEW_TOKENS="2")
-        start("tinker-user", "tinker/self_host/lora.py", EPOCHS="2", STEPS_PER_EPOCH="2", MAX_NEW_TOKENS="2")
+        start("tinker-user", "tinker/self_host/sample.py", MODEL_PATH=weights)
+        start("tinker-user", "tinker/self_host/lora.py", EPOCHS="2", STEPS_PER_EPOCH="2")
         start("tinker-user", "tinker/self_host/dpo.py", MAX_STEPS="2", BATCH_SIZE="2", EVAL_PAIRS="2")
         grpo = {"MAX_STEPS": "2", "BATCH_SIZE": "2", "NUM_GENERATIONS": "2", "MAX_NEW_TOKENS": "4"}
         start("tinker-user", "tinker/self_host/short_math_grpo.py", **grpo)
@@ -100,7 +109,7 @@ def run_script(server, user: str, script: str, output_dir: Path, knobs: dict[str
         "HF_HUB_OFFLINE": "1",
         "MPLBACKEND": "Agg",
         "OUTPUT_DIR": str(output_dir),
-        "MAX_NEW_TOKENS": "2",
+        "MAX_NEW_TOKENS": "2",  # every sampling script's; GRPO's completions need a few more
         **knobs,
     }
     path = str(CLIENTS / script)
@@ -108,9 +117,13 @@ def run_script(server, user: str, script: str, output_dir: Path, knobs: dict[str
     try:
         done = subprocess.run(command, cwd=output_dir, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
-        return Run(output_dir, "", f"{script} did not finish within {TIMEOUT_S} s:\n{exc.stderr or ''}"[-4000:])
-    failure = "" if done.returncode == 0 else f"{script} exited with {done.returncode}:\n{done.stderr[-4000:]}"
-    return Run(output_dir, done.stdout, failure)
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        failure = f"{script} did not finish within {TIMEOUT_S} s:\n{stderr[-3000:]}"
+        return Run(output_dir, "", f"{failure}\n--- server log:\n{server.log()[-3000:]}", timed_out=True)
+    if done.returncode != 0:
+        failure = f"{script} exited with {done.returncode}:\n{done.stderr[-3000:]}"
+        return Run(output_dir, done.stdout, f"{failure}\n--- server log:\n{server.log()[-3000:]}")
+    return Run(output_dir, done.stdout, "")
 
 
 def saved_path(run: Run, scheme: str) -> str:

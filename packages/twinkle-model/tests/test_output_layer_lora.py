@@ -142,12 +142,14 @@ def test_a_shared_step_equals_plain_peft_and_leaves_the_embedding_alone(setup):
     assert all(not param.requires_grad and param.grad is None for param in model.model.parameters())
 
 
-def test_tinker_targets_through_an_adapted_head_equal_plain_peft(setup):
-    """``forward_backward_targets`` (the Tinker path), with one-id and two-id targets per position."""
+@pytest.mark.parametrize("width", [1, 2])
+def test_tinker_targets_through_an_adapted_head_equal_plain_peft(setup, width):
+    """``forward_backward_targets`` (the Tinker path): one target id per position, or a second sequence with two."""
     model, references = setup
     generator = torch.Generator().manual_seed(5)
-    tokens = [torch.randint(0, 5000, (n,), generator=generator) for n in (8, 5)]
-    targets = [torch.randint(0, 5000, (8,), generator=generator), torch.randint(0, 5000, (5, 2), generator=generator)]
+    tokens = [torch.randint(0, 5000, (n,), generator=generator) for n in (8, 5, 6)]
+    shapes = [(8,), (5, width) if width > 1 else (5,), (6,)]
+    targets = [torch.randint(0, 5000, shape, generator=generator) for shape in shapes]
     weights = [torch.rand(target.shape, generator=generator, dtype=DTYPE) for target in targets]
 
     def loss_fn(logps):

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from twinkle.data_format import IGNORE_INDEX
-from twinkle.module import chunked_token_logps, token_logps_from_logits
+from twinkle.module import LowRankTerm, chunked_token_logps, token_logps_from_logits
 
 
 def _reference(hidden, weight, labels):
@@ -32,6 +32,36 @@ def test_chunked_logps_match_full_logits_values_and_gradients(chunk_size, max_sa
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
     assert (ours[:2] == 0).all()
     assert torch.equal(correct, (hidden @ weight.T).argmax(-1) == labels)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 64])
+@pytest.mark.parametrize("max_saved_bytes", [0, 1 << 20])
+def test_low_rank_terms_on_some_positions_match_autograd(chunk_size, max_saved_bytes):
+    """Two LoRA updates of the output layer, each on its own positions (rows of two adapters), in the chunks."""
+    torch.manual_seed(0)
+    hidden = torch.randn(14, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64)  # frozen, as a shared base's output layer is
+    labels = torch.randint(0, 50, (14,))
+    labels[3] = IGNORE_INDEX
+    positions = [torch.tensor([0, 1, 2, 7, 8, 13]), torch.tensor([4, 5, 6, 9])]
+    A = [torch.randn(rank, 16, dtype=torch.float64, requires_grad=True) for rank in (2, 3)]
+    B = [torch.randn(50, rank, dtype=torch.float64, requires_grad=True) for rank in (2, 3)]
+    upstream = torch.randn(14, dtype=torch.float64)
+
+    terms = [LowRankTerm(p, hidden[p] @ a.T * 0.5, b) for p, a, b in zip(positions, A, B, strict=True)]
+    ours, correct = chunked_token_logps(hidden, weight, labels, chunk_size, max_saved_bytes, low_rank=terms)
+    grads = torch.autograd.grad((ours * upstream).sum(), (hidden, *A, *B))
+    logits = hidden @ weight.T
+    for p, a, b in zip(positions, A, B, strict=True):
+        logits = logits.index_add(0, p, (hidden[p] @ a.T * 0.5) @ b.T)
+    valid = labels != IGNORE_INDEX
+    ref = torch.where(valid, torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0)[:, None])[:, 0], 0.0)
+    ref_grads = torch.autograd.grad((ref * upstream).sum(), (hidden, *A, *B))
+
+    torch.testing.assert_close(ours, ref, atol=1e-12, rtol=1e-12)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+    assert torch.equal(correct, logits.argmax(-1) == labels)
 
 
 def test_logps_from_logits_ignores_masked_labels():

@@ -196,7 +196,7 @@ def test_nested_adapter_rows_restore_the_outer_assignment(multi_model):
     assert layer.routing is None
 
 
-def test_per_token_gives_flattened_tokens_their_rows_adapters_even_after_the_block():
+def test_flattened_tokens_get_their_rows_adapters_even_after_the_block():
     """An output layer run on some positions of a batch, flattened (as the chunked log-probs do)."""
     torch.manual_seed(0)
     # float64: a flattened and a batched matmul may sum in different orders.
@@ -205,14 +205,21 @@ def test_per_token_gives_flattened_tokens_their_rows_adapters_even_after_the_blo
         layer.adapters[name] = layer.checked_weights(name, torch.randn(rank, 6), torch.randn(5, rank), 0.5)
     x_BTI = torch.randn(3, 4, 6, dtype=torch.float64)
     kept_BT = torch.rand(3, 4, generator=torch.Generator().manual_seed(1)) > 0.4
-    rows_N = kept_BT.nonzero(as_tuple=True)[0]
+    x_NI, rows_N = x_BTI[kept_BT], kept_BT.nonzero(as_tuple=True)[0]
     with adapter_rows(layer, ["x", None, "y"]):
         expected_NO = layer(x_BTI)[kept_BT]
-        assert layer.adapting
         tokens = per_token(layer, rows_N)
+        terms = layer.low_rank_terms(x_NI, rows_N)
     # The assignment was taken inside the block: a recomputation after it (checkpointed backward) agrees.
-    torch.testing.assert_close(tokens(x_BTI[kept_BT]), expected_NO, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(tokens(x_NI), expected_NO, atol=1e-12, rtol=1e-12)
+    # The same update as low-rank terms: weight, plus u @ B.T on each adapter's tokens (none for row 1).
+    row_1_tokens = (rows_N == 1).nonzero(as_tuple=True)[0]
+    assert len(terms) == 2 and not torch.isin(torch.cat([t.positions_n for t in terms]), row_1_tokens).any()
+    out_NO = x_NI @ layer.weight.T
+    for term in terms:
+        out_NO = out_NO.index_add(0, term.positions_n, term.u_nR @ term.B_VR.T)
+    torch.testing.assert_close(out_NO, expected_NO, atol=1e-12, rtol=1e-12)
     with adapter_rows(layer, [None, None, None]):
-        assert not layer.adapting  # no row's adapter reaches this layer: it is the plain linear
+        assert layer.low_rank_terms(x_NI, rows_N) == []
     plain = torch.nn.Linear(6, 5)
     assert per_token(plain, rows_N) is plain and per_token(layer, rows_N) is layer  # outside a block: as it is

@@ -41,13 +41,14 @@ def output_layer_logps(
 
     ``rows_N[n]`` is the batch row that position ``n`` comes from, so a head
     with per-row LoRA adapters (``MultiLoraLinear``) gives each position its
-    row's adapter. Only ``chunk_size`` positions' logits exist at a time.
+    row's adapter (folded into the fused chunks as low-rank terms). Only
+    ``chunk_size`` positions' logits exist at a time.
     """
-    weight = _plain_weight(head)
-    if weight is not None and targets_NK.shape[1] == 1:
-        logps_N, correct_N = chunked_token_logps(hidden_NH, weight, targets_NK[:, 0], chunk_size)
+    if isinstance(head, (torch.nn.Linear, MultiLoraLinear)) and _fused(head) and targets_NK.shape[1] == 1:
+        terms = head.low_rank_terms(hidden_NH, rows_N) if isinstance(head, MultiLoraLinear) else []
+        logps_N, correct_N = chunked_token_logps(hidden_NH, head.weight, targets_NK[:, 0], chunk_size, low_rank=terms)
         return TokenLogps(logps_N.unsqueeze(1), correct_N)
-    # K targets, or an adapted or biased head (e.g. LoRA on lm_head): run the module itself, chunk by chunk,
+    # K targets, or another head (biased, PEFT-adapted): run the module itself, chunk by chunk,
     # recomputing each chunk's logits in backward instead of keeping them.
     logps, correct = [], []
     for start in range(0, max(hidden_NH.shape[0], 1), chunk_size):  # no position: one empty chunk
@@ -59,10 +60,12 @@ def output_layer_logps(
     return TokenLogps(torch.cat(logps), torch.cat(correct))
 
 
-def _plain_weight(head: torch.nn.Module) -> torch.Tensor | None:
-    """The head's weight when it computes ``hidden @ weight.T`` and nothing else for this batch (the fused path)."""
-    plain = type(head) is torch.nn.Linear or (isinstance(head, MultiLoraLinear) and not head.adapting)
-    return head.weight if plain and head.bias is None else None
+def _fused(head: torch.nn.Linear | MultiLoraLinear) -> bool:
+    """``hidden @ weight.T`` (plus per-row LoRA updates): what :func:`chunked_token_logps` computes.
+
+    Subclasses (quantised linears, say) may compute something else from ``weight``.
+    """
+    return type(head) in (torch.nn.Linear, MultiLoraLinear) and head.bias is None
 
 
 def _chunk_logps(

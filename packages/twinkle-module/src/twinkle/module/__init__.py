@@ -1,6 +1,6 @@
 """Reusable torch building blocks: LR schedulers, optimizers by name, memory-lean log-probs, per-row LoRA."""
 
-from twinkle.module.logps import TokenLogps, chunked_token_logps, logps_dtype, token_logps_from_logits
+from twinkle.module.logps import LowRankTerm, TokenLogps, chunked_token_logps, logps_dtype, token_logps_from_logits
 from twinkle.module.multi_lora import (
     LoraWeights,
     MultiLoraLinear,
@@ -26,6 +26,7 @@ __all__ = [
     "CosineWarmupScheduler",
     "LinearWarmupScheduler",
     "LoraWeights",
+    "LowRankTerm",
     "MultiLoraLinear",
     "RowRouting",
     "TokenLogps",

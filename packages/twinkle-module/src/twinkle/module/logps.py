@@ -8,11 +8,14 @@ tokens keeps its logits *and* their log-softmax, twice as much) they are kept
 for the backward, so nothing is computed twice; beyond that the backward
 recomputes each chunk's logits instead of storing them (the trade made by
 fused linear cross-entropy kernels, which replace this function on GPU later). Callers pass only supervised positions,
-so prompt tokens cost nothing in the output layer.
+so prompt tokens cost nothing in the output layer. LoRA on the output layer
+enters as :class:`LowRankTerm` s added to the logits inside the same chunks,
+so an adapted ``lm_head`` keeps this path's speed and memory bound.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -44,8 +47,23 @@ def token_logps_from_logits(logits_NV: torch.Tensor, labels_N: torch.Tensor) -> 
     return torch.where(valid_N, logps_N, 0.0)
 
 
+class LowRankTerm(NamedTuple):
+    """``u_nR @ B_VR.T`` added to the logits of the positions ``positions_n`` (all positions when ``None``).
+
+    A LoRA adapter on the output layer is one such term: ``u = scaling · dropout(hidden) @ A.T``
+    on the positions that use it. ``positions_n`` are increasing indices into the N positions.
+    """
+
+    positions_n: torch.Tensor | None
+    u_nR: torch.Tensor
+    B_VR: torch.Tensor
+
+
 class _ChunkedTokenLogps(torch.autograd.Function):
-    """``logps_N = log_softmax(hidden_NH @ weight_VH.T)[labels_N]`` with O(chunk × V) live memory."""
+    """``logps_N = log_softmax(hidden_NH @ weight_VH.T + low-rank terms)[labels_N]`` with O(chunk × V) live memory.
+
+    The terms' ``(u, B)`` follow the fixed inputs as flat tensor arguments, so each gets its gradient.
+    """
 
     @staticmethod
     def forward(
@@ -55,39 +73,47 @@ class _ChunkedTokenLogps(torch.autograd.Function):
         labels_N: torch.Tensor,
         chunk_size: int,
         save_probs: bool,
+        positions: tuple[torch.Tensor | None, ...],
+        *factors: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         dtype = logps_dtype(weight_VH.dtype)
         logps_N = torch.empty(labels_N.shape, dtype=dtype, device=hidden_NH.device)
         correct_N = torch.empty(labels_N.shape, dtype=torch.bool, device=hidden_NH.device)
         saved_probs = []
+        terms = _terms(positions, factors)
         for start in range(0, hidden_NH.shape[0], chunk_size):
             end = start + chunk_size
-            logits_CV = (hidden_NH[start:end] @ weight_VH.T).to(dtype)
+            logits_CV = _chunk_logits(hidden_NH, weight_VH, terms, start, end).to(dtype)
             logps_N[start:end] = token_logps_from_logits(logits_CV, labels_N[start:end])
             correct_N[start:end] = logits_CV.argmax(-1) == labels_N[start:end]
             if save_probs:
                 saved_probs.append(torch.softmax(logits_CV, dim=-1))
-        ctx.save_for_backward(hidden_NH, weight_VH, labels_N)
-        ctx.chunk_size, ctx.saved_probs = chunk_size, saved_probs
+        ctx.save_for_backward(hidden_NH, weight_VH, labels_N, *factors)
+        ctx.chunk_size, ctx.saved_probs, ctx.positions = chunk_size, saved_probs, positions
         ctx.mark_non_differentiable(correct_N)
         return logps_N, correct_N
 
     @staticmethod
     def backward(  # one gradient per input of forward
         ctx: Any, grad_logps_N: torch.Tensor, _grad_correct: torch.Tensor | None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
-        hidden_NH, weight_VH, labels_N = ctx.saved_tensors
+    ) -> tuple[torch.Tensor | None, ...]:
+        hidden_NH, weight_VH, labels_N, *factors = ctx.saved_tensors
+        terms = _terms(ctx.positions, factors)
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden_NH) if need_hidden else None
         dtype = logps_dtype(weight_VH.dtype)
         grad_weight = torch.zeros(weight_VH.shape, dtype=dtype, device=weight_VH.device) if need_weight else None
+        need_factors = ctx.needs_input_grad[6:]
+        grad_factors = [
+            torch.zeros_like(f, dtype=dtype) if need else None for f, need in zip(factors, need_factors, strict=True)
+        ]
         for index, start in enumerate(range(0, hidden_NH.shape[0], ctx.chunk_size)):
             end = start + ctx.chunk_size
             hidden_CH, labels_C = hidden_NH[start:end], labels_N[start:end]
             if ctx.saved_probs:
                 probs_CV = ctx.saved_probs[index]
             else:
-                probs_CV = torch.softmax((hidden_CH @ weight_VH.T).to(dtype), dim=-1)
+                probs_CV = torch.softmax(_chunk_logits(hidden_NH, weight_VH, terms, start, end).to(dtype), dim=-1)
             valid_C = labels_C != IGNORE_INDEX
             # d logp / d logits = onehot(label) - softmax(logits), scaled by the incoming gradient.
             scale_C = torch.where(valid_C, grad_logps_N[start:end].to(dtype), 0.0)
@@ -99,10 +125,42 @@ class _ChunkedTokenLogps(torch.autograd.Function):
                 grad_hidden[start:end] = grad_logits_CV @ weight_VH
             if grad_weight is not None:
                 grad_weight += (grad_logits_CV.T @ hidden_CH).to(dtype)
+            for term, grad_u, grad_B in zip(terms, grad_factors[::2], grad_factors[1::2], strict=True):
+                local, first, last = _in_chunk(term, start, end)
+                grad_CV = grad_logits_CV if local is None else grad_logits_CV.index_select(0, local)
+                if grad_u is not None:
+                    grad_u[first:last] = (grad_CV @ term.B_VR).to(dtype)
+                if grad_B is not None:
+                    grad_B += (grad_CV.T @ term.u_nR[first:last]).to(dtype)
         ctx.saved_probs = []
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight_VH.dtype)
-        return grad_hidden, grad_weight, None, None, None
+        grads = [None if g is None else g.to(f.dtype) for g, f in zip(grad_factors, factors, strict=True)]
+        return grad_hidden, grad_weight, None, None, None, None, *grads
+
+
+def _terms(positions: tuple[torch.Tensor | None, ...], factors: Sequence[torch.Tensor]) -> list[LowRankTerm]:
+    return [LowRankTerm(p, u, B) for p, u, B in zip(positions, factors[::2], factors[1::2], strict=True)]
+
+
+def _in_chunk(term: LowRankTerm, start: int, end: int) -> tuple[torch.Tensor | None, int, int]:
+    """The term's positions within chunk ``[start, end)`` (relative to it; ``None``: all) and its ``u`` rows there."""
+    if term.positions_n is None:
+        return None, start, end
+    bounds = torch.searchsorted(term.positions_n, torch.tensor([start, end], device=term.positions_n.device))
+    first, last = int(bounds[0]), int(bounds[1])
+    return term.positions_n[first:last] - start, first, last
+
+
+def _chunk_logits(
+    hidden_NH: torch.Tensor, weight_VH: torch.Tensor, terms: Sequence[LowRankTerm], start: int, end: int
+) -> torch.Tensor:
+    logits_CV = hidden_NH[start:end] @ weight_VH.T
+    for term in terms:
+        local, first, last = _in_chunk(term, start, end)
+        delta_CV = term.u_nR[first:last] @ term.B_VR.T
+        logits_CV = logits_CV + delta_CV if local is None else logits_CV.index_add(0, local, delta_CV)
+    return logits_CV
 
 
 def chunked_token_logps(
@@ -111,8 +169,9 @@ def chunked_token_logps(
     labels_N: torch.Tensor,
     chunk_size: int = 4096,
     max_saved_bytes: int = DEFAULT_MAX_SAVED_BYTES,
+    low_rank: Sequence[LowRankTerm] = (),
 ) -> TokenLogps:
-    """Log-probabilities of ``labels_N`` under the logits ``hidden_NH @ weight_VH.T``.
+    """Log-probabilities of ``labels_N`` under the logits ``hidden_NH @ weight_VH.T`` plus the ``low_rank`` terms.
 
     The caller aligns hidden states and labels (for causal LMs: the hidden state
     of position ``t-1`` with the label of position ``t``). Ignored labels get 0.
@@ -123,7 +182,9 @@ def chunked_token_logps(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     itemsize = torch.empty((), dtype=logps_dtype(weight_VH.dtype)).element_size()
     save_probs = labels_N.numel() * weight_VH.shape[0] * itemsize <= max_saved_bytes
+    positions = tuple(term.positions_n for term in low_rank)
+    factors = [tensor for term in low_rank for tensor in (term.u_nR, term.B_VR)]
     logps_N, correct_N = _ChunkedTokenLogps.apply(  # type: ignore[no-untyped-call]  # torch leaves apply untyped
-        hidden_NH, weight_VH, labels_N, chunk_size, save_probs
+        hidden_NH, weight_VH, labels_N, chunk_size, save_probs, positions, *factors
     )
     return TokenLogps(logps_N, correct_N)

@@ -8,7 +8,8 @@ only to the rows assigned to it (one gather, two skinny matmuls and one
 ``index_add`` per adapter present in the batch). Rows are assigned for a whole
 model at once with :func:`adapter_rows`. A layer that runs on flattened tokens
 instead of batch rows (an output layer applied to the supervised positions
-only) is called through :func:`per_token`, which maps each token to its row.
+only) is called through :func:`per_token`, which maps each token to its row,
+or hands its updates to the chunked log-probs (:meth:`MultiLoraLinear.low_rank_terms`).
 
 Adapters may differ in rank and target modules. Their tensors are *not*
 registered as module parameters: the model's ``state_dict()`` keeps exactly the
@@ -29,6 +30,7 @@ import torch
 from torch import nn
 
 from twinkle.errors import ConfigurationError, InvalidInputError
+from twinkle.module.logps import LowRankTerm
 
 
 @dataclass
@@ -46,9 +48,13 @@ class LoraWeights:
 
     def delta(self, x_NI: torch.Tensor, training: bool = False) -> torch.Tensor:
         """The low-rank update for rows ``x_NI`` (any leading shape, last dim = in_features)."""
+        return self.down(x_NI, training) @ self.B_OR.T * self.scaling
+
+    def down(self, x_NI: torch.Tensor, training: bool = False) -> torch.Tensor:
+        """``dropout(x) @ A.T``: the update's first, rank-wide half."""
         if training and self.dropout > 0:
             x_NI = nn.functional.dropout(x_NI, self.dropout, training=True)
-        return (x_NI @ self.A_RI.T) @ self.B_OR.T * self.scaling
+        return x_NI @ self.A_RI.T
 
 
 @dataclass(frozen=True)
@@ -105,10 +111,23 @@ class MultiLoraLinear(nn.Module):
         device, dtype = self.weight.device, self.weight.dtype
         return LoraWeights(A_RI.to(device, dtype), B_OR.to(device, dtype), float(scaling), float(dropout))
 
-    @property
-    def adapting(self) -> bool:
-        """Whether any adapter assigned to a row right now adapts this layer (else it is the plain linear)."""
-        return self.routing is not None and any(name in self.adapters for name, _ in self.routing.groups)
+    def low_rank_terms(self, x_NI: torch.Tensor, rows_N: torch.Tensor) -> list[LowRankTerm]:
+        """The current adapters' updates of this layer's output on flattened tokens, as :class:`LowRankTerm` s.
+
+        Token ``n`` is one of batch row ``rows_N[n]`` under :func:`adapter_rows`;
+        ``self(x_NI)`` would equal ``x_NI @ weight.T`` plus every term, which lets
+        :func:`chunked_token_logps` fold an adapted output layer into its chunks.
+        """
+        if self.routing is None:
+            return []
+        terms = []
+        for name, tokens in self.routing.for_tokens(rows_N).groups:
+            lora = self.adapters.get(name)
+            if lora is None:  # this adapter does not target this layer
+                continue
+            x_nI = x_NI if tokens is None else x_NI.index_select(0, tokens)
+            terms.append(LowRankTerm(tokens, lora.down(x_nI, self.training) * lora.scaling, lora.B_OR))
+        return terms
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.routed_forward(x, self.routing)
