@@ -110,3 +110,4 @@ def _finite_float(value: Any, where: str) -> float:
 
 def _ci_gate_demo() -> int:
     return "a str where an int is promised"
+import os
