@@ -110,4 +110,3 @@ def _finite_float(value: Any, where: str) -> float:
 
 def _ci_gate_demo() -> int:
     return "a str where an int is promised"
-import os
