@@ -106,7 +106,3 @@ def _finite_float(value: Any, where: str) -> float:
     if not math.isfinite(result):
         raise InvalidInputError(f"{where}: the reward must be finite, got {result}")
     return result
-
-
-def _ci_gate_demo() -> int:
-    return "a str where an int is promised"
