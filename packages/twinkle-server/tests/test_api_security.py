@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from twinkle.data_format import IGNORE_INDEX, make_input_feature
-from twinkle.server.app import create_app
+from twinkle.server.application import create_app
 from twinkle.server.auth import issue_api_key
 from twinkle.server.config import Quotas, ServerConfig, UserConfig
 from twinkle.server.store import SQLiteStore

@@ -11,7 +11,7 @@ from peft import LoraConfig
 
 from twinkle.data_format import IGNORE_INDEX, make_input_feature
 from twinkle.model import MultiLoraModel
-from twinkle.server.app import create_app
+from twinkle.server.application import create_app
 from twinkle.server.auth import issue_api_key
 from twinkle.server.config import Quotas, ServerConfig
 from twinkle.server.store import SQLiteStore

@@ -11,19 +11,6 @@ from twinkle.server.services.checkpoints import Checkpoints
 from twinkle.server.store import SQLiteStore
 
 
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
 @pytest.fixture
 def store(tmp_path, clock):
     with SQLiteStore(tmp_path / "twinkle.db", clock=clock) as store:

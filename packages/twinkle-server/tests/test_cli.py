@@ -58,9 +58,9 @@ def test_serve_passes_the_merged_config_to_the_app(tmp_path, monkeypatch):
     import types
 
     seen = []
-    fake_app = types.ModuleType("twinkle.server.app")
+    fake_app = types.ModuleType("twinkle.server.application")
     fake_app.run_server = seen.append
-    monkeypatch.setitem(sys.modules, "twinkle.server.app", fake_app)
+    monkeypatch.setitem(sys.modules, "twinkle.server.application", fake_app)
     config = tmp_path / "server.yaml"
     config.write_text("port: 9000\nmax_loras: 2\n")
     assert cli.main(["--config", str(config), "--port", "9100", "--state-dir", str(tmp_path / "s")]) == 0

@@ -7,14 +7,6 @@ from twinkle.server.config import Quotas, ServerConfig, UserConfig
 from twinkle.server.quotas import QuotaChecker
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def config():
     return ServerConfig(
@@ -57,8 +49,7 @@ def test_token_quota(config):
     assert info.value.limit == "max_tokens_per_request"
 
 
-def test_token_bucket_bursts_then_refills(config):
-    clock = FakeClock()
+def test_token_bucket_bursts_then_refills(config, clock):
     checker = QuotaChecker(config, clock=clock)
     checker.check_rate("alice")
     checker.check_rate("alice")  # burst of one second's worth: 2 requests
@@ -80,8 +71,7 @@ def test_token_bucket_bursts_then_refills(config):
         checker.check_rate("alice")
 
 
-def test_slow_rate_still_allows_one_request(config):
-    clock = FakeClock()
+def test_slow_rate_still_allows_one_request(config, clock):
     checker = QuotaChecker(config, clock=clock)
     checker.check_rate("vip")  # 0.5/s: bucket holds at least one request
     with pytest.raises(RateLimitError, match=r"requests_per_second=0.5 \(burst 1\); retry in 2.000 s"):
@@ -90,8 +80,7 @@ def test_slow_rate_still_allows_one_request(config):
     checker.check_rate("vip")
 
 
-def test_rate_limit_is_thread_safe(config):
-    clock = FakeClock()
+def test_rate_limit_is_thread_safe(config, clock):
     checker = QuotaChecker(config, clock=clock)
     allowed = []
 

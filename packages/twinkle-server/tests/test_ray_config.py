@@ -33,7 +33,7 @@ def test_replicas_need_ray_and_must_be_positive(tmp_path: Path):
 
 def test_cli_flags_reach_the_config(monkeypatch: pytest.MonkeyPatch):
     seen = {}
-    monkeypatch.setattr("twinkle.server.app.run_server", lambda config: seen.setdefault("config", config))
+    monkeypatch.setattr("twinkle.server.application.run_server", lambda config: seen.setdefault("config", config))
     assert cli.main(["--ray", "--replicas", "2", "--state-dir", "/tmp/twinkle-ray-cli"]) == 0
     assert (seen["config"].ray, seen["config"].replicas) == (True, 2)
     assert cli.main(["--replicas", "2", "--state-dir", "/tmp/twinkle-ray-cli"]) == 1  # reported, not raised

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
-from twinkle.server.app import create_app
+from twinkle.server.application import create_app
 from twinkle.server.auth import issue_api_key
 from twinkle.server.config import Quotas, ServerConfig
 from twinkle.server.store import SQLiteStore

@@ -93,7 +93,7 @@ def _serve(args: argparse.Namespace) -> int:
     config = load_config(
         args.config, host=args.host, port=args.port, state_dir=args.state_dir, ray=args.ray, replicas=args.replicas
     )
-    from twinkle.server.app import run_server
+    from twinkle.server.application import run_server
 
     run_server(config)
     return 0

@@ -15,7 +15,7 @@ from twinkle.server.app.http import caller, read_body, reply
 from twinkle.server.app.routes_runs import owned_run, server
 from twinkle.server.services.convert import from_wire, to_wire
 from twinkle.server.services.engine import PoolTask
-from twinkle.server.tinker.jobs import METHOD_PREFIX as TINKER_METHOD_PREFIX
+from twinkle.server.services.futures import api_of
 
 router = APIRouter()
 api = APIRouter(prefix="/twinkle/v1")
@@ -81,8 +81,12 @@ async def get_future(future_id: str, request: Request, wait: float = 0.0) -> Res
     user = caller(request)
     timeout = min(max(wait, 0.0), MAX_WAIT_S)
     future = await server(request).futures.wait(user, future_id, timeout)
-    if future.method.startswith(TINKER_METHOD_PREFIX):
-        raise InvalidInputError(f"{future_id!r} is a Tinker request; poll it with POST /api/v1/retrieve_future")
+    api = api_of(future.method)
+    if api is not None:
+        raise InvalidInputError(
+            f"{future_id!r} is a request of the {api} API; poll it with that API's own call"
+            " (the Tinker SDK's futures: POST /api/v1/retrieve_future)"
+        )
     if future.status == "done":
         assert future.result is not None  # a done future holds its result
         return reply(request, {"status": "done", "result": wire.decode(future.result)})

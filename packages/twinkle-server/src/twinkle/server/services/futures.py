@@ -22,6 +22,17 @@ from twinkle.server.store import Store
 from twinkle.server.store.base import Future
 
 
+def api_method(api: str, method: str) -> str:
+    """The method name a future of another API than the native one is stored under (``"tinker.forward"``)."""
+    return f"{api}.{method}"
+
+
+def api_of(method: str) -> str | None:
+    """The API a future's method belongs to: ``None`` for the native API, else the prefix of :func:`api_method`."""
+    api, dot, _ = method.partition(".")
+    return api if dot else None
+
+
 class Futures:
     """Create, finish and wait for futures owned by one user each."""
 

@@ -17,12 +17,13 @@ from typing import Any
 from twinkle.errors import InvalidInputError
 from twinkle.server.app.state import ServerState
 from twinkle.server.services.engine import PoolTask, Task
+from twinkle.server.services.futures import api_method
 from twinkle.server.tinker.state import TinkerState
 from twinkle.utils import get_logger
 
 logger = get_logger(__name__)
 
-METHOD_PREFIX = "tinker."  # future methods of this API, so the native API can tell them apart
+API = "tinker"  # this API's futures are stored as api_method(API, method), so the native API can tell them apart
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def submit(
     if seq_id:
         key = f"tinker-seq:{seq_id}"
     try:
-        future, created = state.futures.create(caller.user, METHOD_PREFIX + method, run_id, key)
+        future, created = state.futures.create(caller.user, api_method(API, method), run_id, key)
     except BaseException:
         done()
         raise
@@ -124,5 +125,5 @@ def drop_sampler_adapters(
 
     for adapter in adapters:
         task = PoolTask("drop_sampler_adapter", (adapter,))
-        labels = (user, METHOD_PREFIX + "drop_sampler_adapter")
+        labels = (user, api_method(API, "drop_sampler_adapter"))
         state.engine.submit(run_id, task, on_done, None, 0, labels, replica)

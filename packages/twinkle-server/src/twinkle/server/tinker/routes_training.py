@@ -12,6 +12,7 @@ from tinker import types
 
 from twinkle.errors import InvalidInputError, ResourceNotFoundError
 from twinkle.server.services.engine import FunctionTask
+from twinkle.server.services.futures import api_of
 from twinkle.server.store import check_ttl_seconds
 from twinkle.server.tinker import checkpoints, training
 from twinkle.server.tinker.codec import decode_forward_backward
@@ -24,7 +25,7 @@ from twinkle.server.tinker.http import (
     resident_run,
     tinker_caller,
 )
-from twinkle.server.tinker.jobs import METHOD_PREFIX, Caller, skip_turn, submit
+from twinkle.server.tinker.jobs import API, Caller, skip_turn, submit
 from twinkle.server.tinker.paths import CheckpointPath, training_run_id
 from twinkle.server.tinker.replies import POLL_WAIT_S, future_reply
 from twinkle.server.tinker.routes_sampling import submit_snapshot
@@ -210,7 +211,7 @@ async def load_weights(request: Request) -> JSONResponse:
 async def retrieve_future(request: Request) -> Response:
     caller, body = tinker_caller(request), await parse(request, types.FutureRetrieveRequest)
     found = await caller.state.futures.wait(caller.user, body.request_id, POLL_WAIT_S)
-    if not found.method.startswith(METHOD_PREFIX):
+    if api_of(found.method) != API:
         raise InvalidInputError(f"{body.request_id!r} is a native Twinkle future; poll it at /twinkle/v1/futures")
     return future_reply(found)
 
