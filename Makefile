@@ -6,6 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 COOKBOOK_SPEC ?= tinker-cookbook==0.6.1
+TEST_WORKERS ?= 2
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.twinkle-installed
@@ -32,8 +33,11 @@ $(STAMP): $(PYPROJECTS)
 demo: install
 	$(PY) cookbook/sft/self_cognition.py
 
+# Unit tests (packages/, kernels/) run in TEST_WORKERS processes, a test file per worker at a time; the
+# integration tests start servers, Ray clusters and torchrun jobs of their own and run one at a time.
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile packages kernels $(PYTEST_ARGS)
+	$(PY) -m pytest integration-tests $(PYTEST_ARGS)
 
 # Lint every file, then type-check every package's src/ ([tool.mypy] in pyproject.toml; cache in .mypy_cache).
 lint: install
