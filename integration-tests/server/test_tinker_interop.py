@@ -136,8 +136,11 @@ def test_a_checkpoint_saved_with_a_ttl_is_gone_after_it_through_both_apis(server
 
         # expired: never served, and deleted (records and files) by the next sweep
         checkpoints = server.state_dir / "checkpoints" / "alice"
-        expired_folders = [checkpoints / tinker_run / "short", checkpoints / tinker_run / "sampler_weights" / "short",
-                           checkpoints / native_run / "short"]  # fmt: skip
+        expired_folders = [
+            checkpoints / tinker_run / "short",
+            checkpoints / tinker_run / "sampler_weights" / "short",
+            checkpoints / native_run / "short",
+        ]
         deadline = time.monotonic() + 30
         while any(folder.exists() for folder in expired_folders) and time.monotonic() < deadline:
             time.sleep(SWEEP_INTERVAL_S / 2)

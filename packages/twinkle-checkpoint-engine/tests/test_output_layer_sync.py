@@ -57,8 +57,9 @@ def _trainer_logps(trainer, sequences):
     features = [s.new_input_feature for s in sequences]
     logps = trainer.forward_only(inputs=features, adapter_name="policy").logps
     completions = [lp[torch.tensor(f["labels"]) != IGNORE_INDEX] for lp, f in zip(logps, features, strict=True)]
-    prompt_features = [make_input_feature(f["input_ids"][: _prompt_length(f)], f["input_ids"][: _prompt_length(f)])
-                       for f in features]  # fmt: skip
+    prompt_features = [
+        make_input_feature(f["input_ids"][: _prompt_length(f)], f["input_ids"][: _prompt_length(f)]) for f in features
+    ]
     prompts = [lp[1:] for lp in trainer.forward_only(inputs=prompt_features, adapter_name="policy").logps]
     return completions, prompts
 

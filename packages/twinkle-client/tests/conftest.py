@@ -104,8 +104,12 @@ class FakeServer:
             return {}
         if match := re.fullmatch(r"/runs/([^/]+)/checkpoints/([^/]+)/ttl", path):
             expires_at = None if body["ttl_seconds"] is None else 1.0 + body["ttl_seconds"]
-            return {"name": match[2], "path": f"twinkle://{match[1]}/{match[2]}", "created_at": 1.0,
-                    "expires_at": expires_at}  # fmt: skip
+            return {
+                "name": match[2],
+                "path": f"twinkle://{match[1]}/{match[2]}",
+                "created_at": 1.0,
+                "expires_at": expires_at,
+            }
         if path == "/sample":
             return self._future(_sample_response(body).to_dict())
         if path == "/datasets":

@@ -10,15 +10,35 @@ DEVICE_TYPES = {"cpu": "cpu", "cuda": "cuda", "gpu": "cuda", "npu": "npu", "mps"
 _GROUP = ("name", "ranks", "device_type", "gpus_per_worker")
 _REPLICA_COUNTS = ("min_replicas", "max_replicas", "initial_replicas")
 _AUTOSCALING_TUNING = {
-    "target_ongoing_requests", "metrics_interval_s", "look_back_period_s", "smoothing_factor",
-    "upscale_smoothing_factor", "downscale_smoothing_factor", "upscaling_factor", "downscaling_factor",
-    "upscale_delay_s", "downscale_delay_s", "downscale_to_zero_delay_s", "aggregation_function", "policy",
-}  # fmt: skip
+    "target_ongoing_requests",
+    "metrics_interval_s",
+    "look_back_period_s",
+    "smoothing_factor",
+    "upscale_smoothing_factor",
+    "downscale_smoothing_factor",
+    "upscaling_factor",
+    "downscaling_factor",
+    "upscale_delay_s",
+    "downscale_delay_s",
+    "downscale_to_zero_delay_s",
+    "aggregation_function",
+    "policy",
+}
 _SERVE_OPTIONS = {
-    "ray_actor_options", "max_ongoing_requests", "max_queued_requests", "user_config", "health_check_period_s",
-    "health_check_timeout_s", "graceful_shutdown_wait_loop_s", "graceful_shutdown_timeout_s", "logging_config",
-    "placement_group_bundles", "placement_group_strategy", "max_replicas_per_node", "request_router_config",
-}  # fmt: skip
+    "ray_actor_options",
+    "max_ongoing_requests",
+    "max_queued_requests",
+    "user_config",
+    "health_check_period_s",
+    "health_check_timeout_s",
+    "graceful_shutdown_wait_loop_s",
+    "graceful_shutdown_timeout_s",
+    "logging_config",
+    "placement_group_bundles",
+    "placement_group_strategy",
+    "max_replicas_per_node",
+    "request_router_config",
+}
 
 
 def devices(r: LayoutReader, args: dict[str, Any], where: str) -> str | None:

@@ -27,15 +27,23 @@ def _time(seconds: float) -> str:
 def _checkpoint(run_id: str, checkpoint: Checkpoint) -> dict[str, Any]:
     path = CheckpointPath.from_store_name(run_id, checkpoint.name)
     expires_at = None if checkpoint.expires_at is None else _time(checkpoint.expires_at)
-    return {"checkpoint_id": path.checkpoint_id, "checkpoint_type": path.kind, "time": _time(checkpoint.created_at),
-            "tinker_path": path.tinker_path, "public": False, "expires_at": expires_at}  # fmt: skip
+    return {
+        "checkpoint_id": path.checkpoint_id,
+        "checkpoint_type": path.kind,
+        "time": _time(checkpoint.created_at),
+        "tinker_path": path.tinker_path,
+        "public": False,
+        "expires_at": expires_at,
+    }
 
 
 def _training_run(caller: Caller, run: Run) -> dict[str, Any]:
     saved = caller.state.checkpoints.run_checkpoints(caller.user, run.id) or []
     listed = [_checkpoint(run.id, checkpoint) for checkpoint in saved]
-    last = {kind: next((c for c in reversed(listed) if c["checkpoint_type"] == kind), None)
-            for kind in ("training", "sampler")}  # fmt: skip
+    last = {
+        kind: next((c for c in reversed(listed) if c["checkpoint_type"] == kind), None)
+        for kind in ("training", "sampler")
+    }
     metadata = run.metadata.get("user_metadata") or {}
     return {
         "training_run_id": run.id,
@@ -62,8 +70,9 @@ async def list_training_runs(request: Request, limit: int = 20, offset: int = 0)
     caller = tinker_caller(request)
     runs = list(reversed(caller.state.store.list_runs(caller.user)))  # newest first
     cursor = _page(len(runs), limit, offset)
-    return reply({"training_runs": [_training_run(caller, run) for run in runs[offset : offset + limit]],
-                  "cursor": cursor})  # fmt: skip
+    return reply(
+        {"training_runs": [_training_run(caller, run) for run in runs[offset : offset + limit]], "cursor": cursor}
+    )
 
 
 @router.get("/training_runs/{run_id}")
@@ -107,6 +116,10 @@ async def weights_info(request: Request) -> JSONResponse:
     run = caller.state.store.get_run(caller.user, target.run_id)
     if run is None or caller.state.checkpoints.get(caller.user, target.run_id, target.store_name) is None:
         raise ResourceNotFoundError(f"no checkpoint {body.get('tinker_path')!r}")
-    return reply({"base_model": run.metadata.get("base_model") or caller.state.config.model_id,
-                  "is_lora": run.lora_config is not None,
-                  "lora_rank": None if run.lora_config is None else run.lora_config.get("r")})  # fmt: skip
+    return reply(
+        {
+            "base_model": run.metadata.get("base_model") or caller.state.config.model_id,
+            "is_lora": run.lora_config is not None,
+            "lora_rank": None if run.lora_config is None else run.lora_config.get("r"),
+        }
+    )

@@ -117,7 +117,14 @@ async def asample(request: Request) -> JSONResponse:
 
     key = None if body.seq_id is None else f"tinker-sample:{session.id}:{body.seq_id}"
     request_id = submit(
-        caller, "sample", task, queue_key=queue_key, key=key, tokens=len(tokens), replica=replica, finish=finish,
+        caller,
+        "sample",
+        task,
+        queue_key=queue_key,
+        key=key,
+        tokens=len(tokens),
+        replica=replica,
+        finish=finish,
         settled=settled,
-    )  # fmt: skip
+    )
     return future(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(params.num_samples)])

@@ -62,9 +62,15 @@ def _new_run(
 
     task = FunctionTask(training.create_model, (run_id, config, metadata.get("seed"), then))
     request_id = submit(
-        caller, "create_model", task, queue_key=run_id, run_id=run_id, key="tinker-create", on_failure=failed,
+        caller,
+        "create_model",
+        task,
+        queue_key=run_id,
+        run_id=run_id,
+        key="tinker-create",
+        on_failure=failed,
         settled=settled,
-    )  # fmt: skip
+    )
     return future(request_id, model_id=run_id)
 
 
@@ -78,8 +84,13 @@ async def create_model(request: Request) -> JSONResponse:
     if lora is None:
         raise InvalidInputError("this server trains LoRA adapters: pass lora_config (create_lora_training_client)")
     config = training.lora_config(lora.rank, lora.train_attn, lora.train_mlp, lora.train_unembed)
-    metadata = {"api": "tinker", "base_model": body.base_model, "user_metadata": body.user_metadata or {},
-                "lora_rank": lora.rank, "seed": lora.seed}  # fmt: skip
+    metadata = {
+        "api": "tinker",
+        "base_model": body.base_model,
+        "user_metadata": body.user_metadata or {},
+        "lora_rank": lora.rank,
+        "seed": lora.seed,
+    }
     return _new_run(caller, body.session_id, body.model_seq_id, config, metadata, then=None)
 
 
@@ -90,9 +101,15 @@ async def get_info(request: Request) -> JSONResponse:
     engine, base_model = caller.state.engine, run.metadata.get("base_model") or caller.state.config.model_id
     rank = int((run.lora_config or {}).get("r", 0))
     return reply(
-        {"model_id": run.id, "is_lora": True, "lora_rank": rank, "model_name": base_model, "type": "get_info",
-         "model_data": {"arch": engine.model_type, "model_name": base_model, "tokenizer_id": engine.model_path}}
-    )  # fmt: skip
+        {
+            "model_id": run.id,
+            "is_lora": True,
+            "lora_rank": rank,
+            "model_name": base_model,
+            "type": "get_info",
+            "model_data": {"arch": engine.model_type, "model_name": base_model, "tokenizer_id": engine.model_path},
+        }
+    )
 
 
 @router.post("/forward_backward")
@@ -165,9 +182,15 @@ def _save(
     finish = lambda path: checkpoints.record(caller, target, path, ttl)  # noqa: E731
     task = FunctionTask(checkpoints.write, (target.run_id, hold.path, target.kind == "training"))
     request_id = submit(
-        caller, method, task, queue_key=target.run_id, run_id=target.run_id, seq_id=seq_id, finish=finish,
+        caller,
+        method,
+        task,
+        queue_key=target.run_id,
+        run_id=target.run_id,
+        seq_id=seq_id,
+        finish=finish,
         settled=hold.release,
-    )  # fmt: skip
+    )
     return future(request_id, model_id=target.run_id)
 
 
@@ -183,9 +206,13 @@ async def load_weights(request: Request) -> JSONResponse:
             config = checkpoints.source_lora_config(caller, target)
             source = caller.state.store.get_run(caller.user, target.run_id)
             source_metadata = source.metadata if source is not None else {}  # the run may be gone by now
-            metadata = {"api": "tinker", "base_model": body.base_model or source_metadata.get("base_model"),
-                        "user_metadata": body.user_metadata or {}, "lora_rank": config.get("r"),
-                        "loaded_from": target.tinker_path}  # fmt: skip
+            metadata = {
+                "api": "tinker",
+                "base_model": body.base_model or source_metadata.get("base_model"),
+                "user_metadata": body.user_metadata or {},
+                "lora_rank": config.get("r"),
+                "loaded_from": target.tinker_path,
+            }
             run_id = training_run_id(body.session_id, body.model_seq_id)
             then = FunctionTask(checkpoints.load, (run_id, hold.path, body.optimizer))
             return _new_run(caller, body.session_id, body.model_seq_id, config, metadata, then, hold.release)
