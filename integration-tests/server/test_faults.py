@@ -129,8 +129,9 @@ def _reply_never_read(server, run_id: str, body: dict[str, Any]) -> None:
 def _one_millisecond_timeout(server, run_id: str, body: dict[str, Any]) -> None:
     headers = {**server.headers("carol"), "Content-Type": wire.CONTENT_TYPE}
     with suppress(httpx.TimeoutException):
-        httpx.post(f"{server.url}/twinkle/v1/runs/{run_id}/call", content=wire.encode(body), headers=headers,
-                   timeout=0.001)  # fmt: skip
+        httpx.post(
+            f"{server.url}/twinkle/v1/runs/{run_id}/call", content=wire.encode(body), headers=headers, timeout=0.001
+        )
 
 
 def _long_poll_abandoned(server, run_id: str, body: dict[str, Any]) -> None:
@@ -214,21 +215,57 @@ def _bad_requests(feature: dict[str, Any]) -> list[tuple[str, bytes, str, int, s
     json_type = "application/json"
     return [
         ("truncated wire body", good[:-9], wire.CONTENT_TYPE, 422, "InvalidInputError", "malformed request body"),
-        ("JSON syntax error", b'{"method": "forward_backward", "kwargs": {', json_type, 422, "InvalidInputError",
-         "malformed request body"),
+        (
+            "JSON syntax error",
+            b'{"method": "forward_backward", "kwargs": {',
+            json_type,
+            422,
+            "InvalidInputError",
+            "malformed request body",
+        ),
         ("body not an object", json.dumps([1, 2]).encode(), json_type, 422, "InvalidInputError", "must be an object"),
-        ("float token ids", fb([{"input_ids": [float(i) for i in ids]}]), wire.CONTENT_TYPE, 400,
-         "InvalidInputError", "inputs[0].input_ids[0] must be an int"),
-        ("float32 token-id array", fb([{"input_ids": np.asarray(ids, dtype=np.float32)}]), wire.CONTENT_TYPE, 400,
-         "InvalidInputError", "must be an int"),
-        ("sequence longer than the context", fb([{"input_ids": ids * 520}]), wire.CONTENT_TYPE, 400,
-         "InvalidInputError", "the model's context is 4096"),
+        (
+            "float token ids",
+            fb([{"input_ids": [float(i) for i in ids]}]),
+            wire.CONTENT_TYPE,
+            400,
+            "InvalidInputError",
+            "inputs[0].input_ids[0] must be an int",
+        ),
+        (
+            "float32 token-id array",
+            fb([{"input_ids": np.asarray(ids, dtype=np.float32)}]),
+            wire.CONTENT_TYPE,
+            400,
+            "InvalidInputError",
+            "must be an int",
+        ),
+        (
+            "sequence longer than the context",
+            fb([{"input_ids": ids * 520}]),
+            wire.CONTENT_TYPE,
+            400,
+            "InvalidInputError",
+            "the model's context is 4096",
+        ),
         # Twice with one idempotency key: the quota refusal must not leave a future behind for the repeat.
-        ("over the token quota", fb(batch("mallory", 0, samples=3, length=200), "over"), wire.CONTENT_TYPE, 403,
-         "QuotaExceededError", "max_tokens_per_request"),
-        ("over the token quota, repeated", fb(batch("mallory", 0, samples=3, length=200), "over"), wire.CONTENT_TYPE,
-         403, "QuotaExceededError", "max_tokens_per_request"),
-    ]  # fmt: skip
+        (
+            "over the token quota",
+            fb(batch("mallory", 0, samples=3, length=200), "over"),
+            wire.CONTENT_TYPE,
+            403,
+            "QuotaExceededError",
+            "max_tokens_per_request",
+        ),
+        (
+            "over the token quota, repeated",
+            fb(batch("mallory", 0, samples=3, length=200), "over"),
+            wire.CONTENT_TYPE,
+            403,
+            "QuotaExceededError",
+            "max_tokens_per_request",
+        ),
+    ]
 
 
 def test_one_tenants_bad_requests_get_4xx_while_two_others_train_as_if_alone(server):

@@ -32,8 +32,10 @@ def test_tinker_clients_train_sample_and_resume_on_their_own_replicas(start_serv
     server = start_server(USERS, args=["--ray", "--replicas", "2"], max_loras=4)
     try:
         services = {user: service_client(server, user) for user in USERS}
-        trainers = {u: s.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=0).result()
-                    for u, s in services.items()}  # fmt: skip
+        trainers = {
+            u: s.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=0).result()
+            for u, s in services.items()
+        }
         runs = {user: trainer.get_info().model_id for user, trainer in trainers.items()}
         replicas = httpx.get(f"{server.url}/admin/replicas", timeout=60).json()["replicas"]
         assert sorted(r["runs"] for r in replicas) == sorted([runs[u]] for u in USERS)  # one run on each replica
@@ -69,7 +71,10 @@ def _train_and_sample(service: tinker.ServiceClient, trainer: tinker.TrainingCli
     resumed_trainer.forward_backward(DATA, "cross_entropy").result()
     resumed_trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()  # Adam's moments came with the state
     return {
-        "loss": loss, "after_step": after_step, "resumed": resumed,
-        "snapshot": [s.tokens for s in sampled.sequences], "checkpoint": [s.tokens for s in again.sequences],
+        "loss": loss,
+        "after_step": after_step,
+        "resumed": resumed,
+        "snapshot": [s.tokens for s in sampled.sequences],
+        "checkpoint": [s.tokens for s in again.sequences],
         "resumed_step": logprobs_of(resumed_trainer.forward(DATA, "cross_entropy").result()),
-    }  # fmt: skip
+    }

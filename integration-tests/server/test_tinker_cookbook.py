@@ -42,9 +42,16 @@ def run_recipe(server, module: str, log_path: Path, *args: str) -> list[dict]:
         "no_proxy": "127.0.0.1,localhost",
     }
     command = [
-        sys.executable, "-m", module, f"base_url={server.url}", f"model_name={resolve_model()}",
-        "renderer_name=role_colon", f"log_path={log_path}", "eval_every=0", *args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        module,
+        f"base_url={server.url}",
+        f"model_name={resolve_model()}",
+        "renderer_name=role_colon",
+        f"log_path={log_path}",
+        "eval_every=0",
+        *args,
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     assert "Training completed successfully" in done.stdout + done.stderr
@@ -57,11 +64,19 @@ def checkpoints(log_path: Path) -> list[dict]:
 
 def test_chat_sl_on_the_bundled_conversations_lowers_the_loss(server, tmp_path):
     rows = run_recipe(
-        server, "tinker_cookbook.recipes.chat_sl.train", tmp_path / "sl",
-        f"dataset={BUNDLED_CONVERSATIONS}", "batch_size=8", "max_length=256", "lora_rank=16",
-        "learning_rate=3e-3", "num_epochs=1", "save_every=8", "infrequent_eval_every=0",
+        server,
+        "tinker_cookbook.recipes.chat_sl.train",
+        tmp_path / "sl",
+        f"dataset={BUNDLED_CONVERSATIONS}",
+        "batch_size=8",
+        "max_length=256",
+        "lora_rank=16",
+        "learning_rate=3e-3",
+        "num_epochs=1",
+        "save_every=8",
+        "infrequent_eval_every=0",
         "behavior_if_log_dir_exists=delete",
-    )  # fmt: skip
+    )
     losses = [row["train_mean_nll"] for row in rows if "train_mean_nll" in row]
     assert len(losses) == 16  # 128 conversations, 8 per step
     assert mean(losses[-3:]) < mean(losses[:3]) - 2.0, losses
@@ -74,9 +89,15 @@ def test_chat_sl_on_the_bundled_conversations_lowers_the_loss(server, tmp_path):
 def test_math_rl_arithmetic_samples_trains_and_resumes(server, tmp_path):
     log_path = tmp_path / "rl"
     common = (
-        "env=arithmetic", "groups_per_batch=2", "group_size=2", "max_tokens=3", "lora_rank=8",
-        "learning_rate=1e-4", "loss_fn=importance_sampling", "save_every=2",
-    )  # fmt: skip
+        "env=arithmetic",
+        "groups_per_batch=2",
+        "group_size=2",
+        "max_tokens=3",
+        "lora_rank=8",
+        "learning_rate=1e-4",
+        "loss_fn=importance_sampling",
+        "save_every=2",
+    )
     module = "tinker_cookbook.recipes.math_rl.train"
     rows = run_recipe(server, module, log_path, *common, "max_steps=3", "behavior_if_log_dir_exists=delete")
     assert sum(row.get("tokens/sampled", 0) for row in rows) > 0

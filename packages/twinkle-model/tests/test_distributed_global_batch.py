@@ -88,8 +88,10 @@ def test_every_rank_gets_the_whole_batch_normaliser(reduction):
     loss = CrossEntropyLoss(reduction=reduction)
     features = _features(LENGTHS)
     shares = _shares(features)
-    expected = [Denominator(loss.normalizer(COLLATE(features)), len(features), loss.normalizer(COLLATE(share)))
-                for share in shares]  # fmt: skip
+    expected = [
+        Denominator(loss.normalizer(COLLATE(features)), len(features), loss.normalizer(COLLATE(share)))
+        for share in shares
+    ]
     assert _on_ranks(lambda rank, share: _denominator(rank, share, loss), shares) == expected
 
 

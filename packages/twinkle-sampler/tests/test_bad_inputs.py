@@ -21,9 +21,17 @@ SHORT = SamplingParams(max_tokens=3)
         ([{"input_ids": [1]}, {"input_ids": [2]}], {"adapter_name": [None]}, r"one entry per input \(2\)"),
         ([{"input_ids": [1, 2]}], {"sampling_params": {"max_tokens": 3}}, r"must be a SamplingParams"),
     ],
-    ids=["num-samples-0", "empty-prompt", "no-inputs", "a-string", "id-outside-vocab", "unknown-adapter",
-         "adapter-list-length", "params-dict"],
-)  # fmt: skip
+    ids=[
+        "num-samples-0",
+        "empty-prompt",
+        "no-inputs",
+        "a-string",
+        "id-outside-vocab",
+        "unknown-adapter",
+        "adapter-list-length",
+        "params-dict",
+    ],
+)
 def test_bad_requests_are_rejected_with_the_culprit_named(sampler, inputs, kwargs, message):
     kwargs = {"sampling_params": SHORT, **kwargs}
     with pytest.raises(InvalidInputError, match=message):

@@ -81,10 +81,11 @@ def test_other_calls_keep_their_place_in_the_runs_queue():
 def test_results_and_errors_reach_their_own_job():
     def run_shared(requests):
         return [
-            SimpleNamespace(output=None, error=ValueError("bad")) if r.adapter_name == "bad" else
-            SimpleNamespace(output=r.inputs * 2, error=None)
+            SimpleNamespace(output=None, error=ValueError("bad"))
+            if r.adapter_name == "bad"
+            else SimpleNamespace(output=r.inputs * 2, error=None)
             for r in requests
-        ]  # fmt: skip
+        ]
 
     scheduler, gate = _blocked_scheduler(run_shared)
     outcomes = {}

@@ -36,8 +36,12 @@ def server(tmp_path_factory):
 
 def _model(client, headers) -> str:
     session = client.post(f"{API}/create_session", headers=headers, json={"tags": [], "user_metadata": {}}).json()
-    body = {"session_id": session["session_id"], "model_seq_id": 0, "base_model": "builtin://qwen3-tiny",
-            "lora_config": {"rank": 2, "seed": 0}}  # fmt: skip
+    body = {
+        "session_id": session["session_id"],
+        "model_seq_id": 0,
+        "base_model": "builtin://qwen3-tiny",
+        "lora_config": {"rank": 2, "seed": 0},
+    }
     future = client.post(f"{API}/create_model", headers=headers, json=body).json()
     assert _result(client, headers, future["request_id"]).json()["model_id"] == future["model_id"]
     return future["model_id"]

@@ -196,9 +196,9 @@ def _request_loss(
     """This request's (scaled) loss on its rows of the shared batch, or ``None`` once it failed."""
     rows = torch.tensor(positions, device=owner.device)
     sub_batch = select_rows(batch, rows)
-    sub_result = TokenLogpsResult(*(tensor.index_select(0, rows) for tensor in (
-        result.logps_BT, result.correct_BT, result.supervised_BT
-    )))  # fmt: skip
+    sub_result = TokenLogpsResult(
+        *(tensor.index_select(0, rows) for tensor in (result.logps_BT, result.correct_BT, result.supervised_BT))
+    )
     size = len(plan.features)
     loss_inputs = slice_loss_inputs(plan.loss_inputs, size, first_row, first_row + len(positions))
     weight = None if plan.normalizer is not None else len(positions) / size

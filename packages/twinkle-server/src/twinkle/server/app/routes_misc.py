@@ -49,9 +49,13 @@ async def server_info(request: Request) -> Response:
     state = server(request)
     return reply(
         request,
-        {"base_model": state.config.model_id, "max_rank": state.engine.max_rank, "max_loras": state.engine.max_loras,
-         "version": VERSION},
-    )  # fmt: skip
+        {
+            "base_model": state.config.model_id,
+            "max_rank": state.engine.max_rank,
+            "max_loras": state.engine.max_loras,
+            "version": VERSION,
+        },
+    )
 
 
 @api.post("/sessions")

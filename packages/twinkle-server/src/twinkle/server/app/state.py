@@ -69,9 +69,15 @@ class ServerState:
         telemetry.bind_engine(engine)
         checkpoints = Checkpoints(store, config.checkpoint_dir, config.checkpoint_sweep_interval_s)
         state = cls(
-            config, store, engine, Futures(store), DataHandles(engine.model_path),
-            QuotaChecker(config), telemetry, checkpoints,
-        )  # fmt: skip
+            config,
+            store,
+            engine,
+            Futures(store),
+            DataHandles(engine.model_path),
+            QuotaChecker(config),
+            telemetry,
+            checkpoints,
+        )
         threading.Thread(target=state._reap_sessions, name="twinkle-session-reaper", daemon=True).start()
         checkpoints.start()
         return state

@@ -23,19 +23,27 @@ class Telemetry:
         )
         self.tokens = Counter("twinkle_tokens", "Input tokens trained on, by tenant", ["user"], registry=self.registry)
         self.queue_wait = Histogram(
-            "twinkle_queue_wait_seconds", "Time a call waited in the scheduler", ["user"],
-            buckets=_LATENCY_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            "twinkle_queue_wait_seconds",
+            "Time a call waited in the scheduler",
+            ["user"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.latency = Histogram(
-            "twinkle_step_latency_seconds", "Time to run a call (a shared pass counts for each tenant in it)",
-            ["user", "method"], buckets=_LATENCY_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            "twinkle_step_latency_seconds",
+            "Time to run a call (a shared pass counts for each tenant in it)",
+            ["user", "method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.pool_used = Gauge("twinkle_pool_adapters", "Adapters resident in the pool", registry=self.registry)
         self.pool_size = Gauge("twinkle_pool_capacity", "Adapter slots in the pool", registry=self.registry)
         self.pass_requests = Histogram(
-            "twinkle_shared_pass_requests", "Tenants' requests trained together in one shared pass",
-            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=self.registry,
-        )  # fmt: skip
+            "twinkle_shared_pass_requests",
+            "Tenants' requests trained together in one shared pass",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
+            registry=self.registry,
+        )
         self.queue_depth = Gauge("twinkle_queue_depth", "Calls waiting in the scheduler", registry=self.registry)
 
     def bind_engine(self, engine: Engine) -> None:

@@ -29,13 +29,32 @@ from twinkle.server.services.components import check_component_name
 
 # The in-process API a tenant may call on its run, by how long it takes (short ones are answered directly).
 SHORT_METHODS = frozenset(
-    {"set_optimizer", "set_lr_scheduler", "set_loss", "set_template", "set_processor", "update_optimizer",
-     "zero_grad", "lr_step", "calculate_metric"}
-)  # fmt: skip
+    {
+        "set_optimizer",
+        "set_lr_scheduler",
+        "set_loss",
+        "set_template",
+        "set_processor",
+        "update_optimizer",
+        "zero_grad",
+        "lr_step",
+        "calculate_metric",
+    }
+)
 LONG_METHODS = frozenset(
-    {"forward", "forward_only", "calculate_loss", "backward", "forward_backward", "step", "clip_grad_norm",
-     "clip_grad_and_step", "save", "load"}
-)  # fmt: skip
+    {
+        "forward",
+        "forward_only",
+        "calculate_loss",
+        "backward",
+        "forward_backward",
+        "step",
+        "clip_grad_norm",
+        "clip_grad_and_step",
+        "save",
+        "load",
+    }
+)
 
 
 class ModelPool:
@@ -86,8 +105,10 @@ class ModelPool:
         if config is not None:
             model.add_adapter_to_model(run_id, config, gradient_accumulation_steps, seed=seed)
         elif gradient_accumulation_steps != 1:
-            raise InvalidInputError("a full-parameter run accumulates over calls with clip_grad_and_step as is; "
-                                    "gradient_accumulation_steps must be 1")  # fmt: skip
+            raise InvalidInputError(
+                "a full-parameter run accumulates over calls with clip_grad_and_step as is; "
+                "gradient_accumulation_steps must be 1"
+            )
         self._private[run_id] = model
 
     def remove_run(self, run_id: str) -> None:

@@ -194,9 +194,17 @@ class SQLiteStore(Store):
                 raise InvalidInputError(f"run id {run.id!r} is taken")
             conn.execute(
                 "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?)",
-                (run.id, user, session_id, config_json, gradient_accumulation_steps, run.created_at, base_model,
-                 metadata_json),
-            )  # fmt: skip
+                (
+                    run.id,
+                    user,
+                    session_id,
+                    config_json,
+                    gradient_accumulation_steps,
+                    run.created_at,
+                    base_model,
+                    metadata_json,
+                ),
+            )
         return run
 
     def get_run(self, user: str, run_id: str) -> Run | None:

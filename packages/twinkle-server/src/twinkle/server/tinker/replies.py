@@ -22,9 +22,17 @@ PROTO_MEDIA_TYPE = "application/x-protobuf"
 _PROTO, _JSON = b"P", b"J"
 # Errors a tenant caused (and must fix) as opposed to the server's own failures.
 USER_ERROR_TYPES = frozenset(
-    {"InvalidInputError", "ComponentNotFoundError", "ConfigurationError", "ResourceNotFoundError",
-     "PermissionDeniedError", "QuotaExceededError", "RateLimitError", "AuthenticationError"}
-)  # fmt: skip
+    {
+        "InvalidInputError",
+        "ComponentNotFoundError",
+        "ConfigurationError",
+        "ResourceNotFoundError",
+        "PermissionDeniedError",
+        "QuotaExceededError",
+        "RateLimitError",
+        "AuthenticationError",
+    }
+)
 # How long a retrieve_future poll waits: under the SDK's 45 s read timeout, since it re-polls at once.
 POLL_WAIT_S = 25.0
 

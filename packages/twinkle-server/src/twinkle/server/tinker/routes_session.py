@@ -17,9 +17,13 @@ router = APIRouter(prefix=PREFIX)
 async def client_config(request: Request) -> JSONResponse:
     caller = tinker_caller(request)  # a wrong key fails when the client is built, not at its first call
     return reply(
-        {"pjwt_auth_enabled": False, "fwdbwd_max_chunk_len": caller.state.config.tinker_chunk_datums,
-         "custom_loss_server_side": False, "sample_use_retrieve_futures": False}
-    )  # fmt: skip
+        {
+            "pjwt_auth_enabled": False,
+            "fwdbwd_max_chunk_len": caller.state.config.tinker_chunk_datums,
+            "custom_loss_server_side": False,
+            "sample_use_retrieve_futures": False,
+        }
+    )
 
 
 @router.post("/client/dynamic_config")
@@ -38,9 +42,17 @@ async def capabilities(request: Request) -> JSONResponse:
     caller = tinker_caller(request)
     state = caller.state
     return reply(
-        {"supported_models": [{"model_name": state.config.model_id, "max_context_length": state.engine.max_length,
-                               "trainable": True, "sampleable": True}]}
-    )  # fmt: skip
+        {
+            "supported_models": [
+                {
+                    "model_name": state.config.model_id,
+                    "max_context_length": state.engine.max_length,
+                    "trainable": True,
+                    "sampleable": True,
+                }
+            ]
+        }
+    )
 
 
 @router.post("/create_session")

@@ -80,8 +80,10 @@ class ServeEngine:
         self._replicas: list[_Replica] = []
         self._known: set[str] = set()
         self._scheduler_options: dict[str, Any] = {
-            "max_tokens_per_pass": config.max_tokens_per_pass, "observe": observe, "on_pass": on_pass,
-        }  # fmt: skip
+            "max_tokens_per_pass": config.max_tokens_per_pass,
+            "observe": observe,
+            "on_pass": on_pass,
+        }
         try:
             info = self._start_serve(config)
         except BaseException:
@@ -201,8 +203,16 @@ class ServeEngine:
                     adapters = info["adapters"]
                 except Exception:  # a dying or busy replica: listed without its adapters
                     logger.warning("replica %d did not describe itself", r.index)
-            listing.append({"index": r.index, "replica_id": r.replica_id, "pid": r.pid, "alive": r.alive,
-                            "runs": sorted(r.runs), "adapters": adapters})  # fmt: skip
+            listing.append(
+                {
+                    "index": r.index,
+                    "replica_id": r.replica_id,
+                    "pid": r.pid,
+                    "alive": r.alive,
+                    "runs": sorted(r.runs),
+                    "adapters": adapters,
+                }
+            )
         return listing
 
     def stop(self) -> None:
@@ -304,7 +314,8 @@ class ServeEngine:
             replica.alive = False
             runs, replica.runs = dict(replica.runs), {}
             replica.private.clear()
-        logger.error("replica %d (pid %d) died; its runs %s are no longer loaded", replica.index, replica.pid,
-                     sorted(runs))  # fmt: skip
+        logger.error(
+            "replica %d (pid %d) died; its runs %s are no longer loaded", replica.index, replica.pid, sorted(runs)
+        )
         for run_id, user in runs.items():
             self._on_lost(user, run_id)

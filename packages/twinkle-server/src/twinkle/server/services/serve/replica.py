@@ -31,10 +31,14 @@ class ModelReplica:
     async def info(self, replica_id: str | None) -> dict[str, Any]:
         pool = self.pool
         return {
-            "replica_id": self.replica_id, "pid": os.getpid(), "max_length": pool.max_length,
-            "vocab_size": pool.model.vocab_size, "model_path": pool.model_path,
-            "model_type": pool.model.model.config.model_type, "adapters": sorted(pool.model.adapter_names),
-        }  # fmt: skip
+            "replica_id": self.replica_id,
+            "pid": os.getpid(),
+            "max_length": pool.max_length,
+            "vocab_size": pool.model.vocab_size,
+            "model_path": pool.model_path,
+            "model_type": pool.model.model.config.model_type,
+            "adapters": sorted(pool.model.adapter_names),
+        }
 
     async def apply(self, replica_id: str, task: Task) -> Any:
         return await self._run(replica_id, task.apply, self.pool)
