@@ -33,11 +33,10 @@ $(STAMP): $(PYPROJECTS)
 demo: install
 	$(PY) cookbook/sft/self_cognition.py
 
-# Unit tests (packages/, kernels/) run in TEST_WORKERS processes, a test file per worker at a time; the
-# integration tests start servers, Ray clusters and torchrun jobs of their own and run one at a time.
+# Every test in TEST_WORKERS processes (pytest-xdist), a test file per worker at a time. The integration tests
+# can share the machine: each starts its servers on free 127.0.0.1 ports and its own private Ray.
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile packages kernels $(PYTEST_ARGS)
-	$(PY) -m pytest integration-tests $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile packages kernels integration-tests $(PYTEST_ARGS)
 
 # Lint every file, then type-check every package's src/ ([tool.mypy] in pyproject.toml; cache in .mypy_cache).
 lint: install
