@@ -156,7 +156,7 @@ class Loop:
 
     def trainer_state(self) -> dict[str, Any]:
         """Everything a training call may change (the adapter's optimizer and counters have no public accessor)."""
-        state = self.model._state(ADAPTER)
+        state = self.model.train_state(ADAPTER)
         parameters = dict(self.model.model.named_parameters())
         return {
             "weights": {n: p.detach().clone() for n, p in parameters.items()},
@@ -188,7 +188,7 @@ class Loop:
 
     def rewind(self) -> None:
         """Back to the mid-step state, for the next test (the sampler was synced with its weights)."""
-        state = self.model._state(ADAPTER)
+        state = self.model.train_state(ADAPTER)
         with torch.no_grad():
             for name, param in self.model.model.named_parameters():
                 param.copy_(self.start["weights"][name])

@@ -1,7 +1,7 @@
 """Several Tinker clients on one server: training together equals training alone, and bad input hurts no one.
 
 Every adapter starts from a fixed LoRA seed, so a client's weights after a few
-steps must be bit-identical whether it trained alone or beside another client
+steps must be the same (float32, 1e-5) whether it trained alone or beside another client
 (and beside a client sending garbage); each bad request gets the SDK's own
 exception, naming the problem.
 """
@@ -69,10 +69,11 @@ def client_for(server, user: str) -> tinker.ServiceClient:
 
 
 def assert_same(got: tuple[np.ndarray, dict], want: tuple[np.ndarray, dict]) -> None:
-    np.testing.assert_array_equal(got[0], want[0])
+    """Equal up to float32 reassociation: calls in one shared pass are padded to, and multiplied as, one batch."""
+    np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-5)
     assert got[1].keys() == want[1].keys()
     for name in want[1]:
-        assert torch.equal(got[1][name], want[1][name]), name
+        torch.testing.assert_close(got[1][name], want[1][name], rtol=1e-5, atol=1e-5, msg=name)
 
 
 def test_two_clients_training_at_once_get_the_adapters_they_get_alone(server):

@@ -42,7 +42,7 @@ def without_optimizer(new_lora_model, short_features):
 
 
 def _snapshot(model):
-    state = model._state(None)
+    state = model.train_state(None)
     return {
         "weights": {n: p.detach().clone() for n, p in model.model.named_parameters()},
         "grads": {n: p.grad.clone() for n, p in model.model.named_parameters() if p.grad is not None},
@@ -55,7 +55,7 @@ def _snapshot(model):
 
 
 def _components(model):
-    state = model._state(None)
+    state = model.train_state(None)
     return [state.optimizer, state.lr_scheduler, state.loss, state.processor, state.template, state.pending]
 
 
@@ -264,7 +264,7 @@ class NonFiniteOnSecondCall(CrossEntropyLoss):
 
 
 def test_non_finite_loss_restores_the_gradients_of_earlier_micro_batches(trained, short_features):
-    original_loss = trained._state(None).loss
+    original_loss = trained.train_state(None).loss
     loss = NonFiniteOnSecondCall()
     trained.set_loss(loss)
     try:

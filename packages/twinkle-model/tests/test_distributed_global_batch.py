@@ -21,11 +21,16 @@ from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.infra import DeviceMesh
 from twinkle.interfaces import Loss
 from twinkle.loss import CrossEntropyLoss, DPOLoss
-from twinkle.model import global_batch
-from twinkle.model.data_parallel import Parallelism, parallelism_for
-from twinkle.model.global_batch import Denominator, global_denominator, record_call
 from twinkle.model.multi_lora_model import MultiLoraModel
-from twinkle.model.token_logps import TokenLogpsResult
+from twinkle.model.parallel import (
+    Denominator,
+    Parallelism,
+    global_batch,
+    global_denominator,
+    parallelism_for,
+    record_call,
+)
+from twinkle.model.passes.logps import TokenLogpsResult
 from twinkle.model.training_metric import TrainingMetric, combine_loss_metrics
 from twinkle.model.transformers_model import TransformersModel
 from twinkle.processor import InputProcessor
@@ -248,9 +253,9 @@ def test_one_process_records_its_own_figures_unchanged():
     assert returned == (0.75, 2, {"x": 0.3})
 
 
-def test_one_process_backward_divides_by_the_accumulation_steps_only():
+def test_one_process_gradient_share_divides_by_the_accumulation_steps_only():
     weight = torch.tensor(3.0, requires_grad=True)
-    Parallelism().backward(weight * 2.0, gradient_accumulation_steps=4)
+    Parallelism().gradient_share(weight * 2.0, gradient_accumulation_steps=4).backward()
     assert weight.grad == 0.5
 
 

@@ -167,7 +167,7 @@ def _one_rank_fails(mesh: Any, share: list, rank: int) -> dict[str, Any]:
             return super().__call__(*args, **kwargs)
 
     model, errors = _model(mesh, "lora"), {}
-    params = model._state(None).params
+    params = model.train_state(None).params
     before = [p.detach().clone() for p in params]
     bad = [dict(share[0], input_ids=[10**9] * len(share[0]["input_ids"]))] if rank == 1 else share
     for name, inputs, loss in (("input", bad, CrossEntropyLoss()), ("loss", share, FailsOnRankOne())):

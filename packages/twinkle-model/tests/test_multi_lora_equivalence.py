@@ -365,7 +365,11 @@ def test_adapters_not_in_the_request_and_the_base_stay_untouched(trained):
     for key, tensor in _twinkle_params(model, "idle").items():
         assert tensor.grad is None
         assert torch.equal(tensor.detach(), trained["idle_before"][key])
-    assert model._state("idle").counters() == {"global_step": 0, "accumulated": 0, "gradient_accumulation_steps": 1}
+    assert model.train_state("idle").counters() == {
+        "global_step": 0,
+        "accumulated": 0,
+        "gradient_accumulation_steps": 1,
+    }
     assert all(not param.requires_grad and param.grad is None for param in model.model.parameters())
 
 

@@ -128,7 +128,7 @@ def _prepared_model(kind: str = "nan") -> tuple[MultiLoraModel, dict[str, Any]]:
         if step < 2:
             for name in ("x", "y", "bad"):
                 model.clip_grad_and_step(1.0, adapter_name=name)
-    bad = model._state("bad")
+    bad = model.train_state("bad")
     assert bad.global_step == 1 and bad.accumulated == 1 and bad.optimizer.state  # stepped once, accumulating
     assert all(t.grad is not None for t in model.lora_payload("bad")[1].values())
     assert all(t.grad is None for name in ("x", "y") for t in model.lora_payload(name)[1].values())
@@ -140,7 +140,7 @@ def _grads(model: MultiLoraModel, name: str) -> dict[str, torch.Tensor | None]:
 
 
 def _snapshot(model: MultiLoraModel, name: str) -> dict[str, Any]:
-    state = model._state(name)
+    state = model.train_state(name)
     return {
         "weights": {k: t.detach().clone() for k, t in model.lora_payload(name)[1].items()},
         "grads": _grads(model, name),
@@ -151,7 +151,7 @@ def _snapshot(model: MultiLoraModel, name: str) -> dict[str, Any]:
 
 
 def _components(model: MultiLoraModel, name: str) -> list[Any]:
-    state = model._state(name)
+    state = model.train_state(name)
     return [state.optimizer, state.lr_scheduler, state.loss, state.processor, state.template, *state.params]
 
 
@@ -350,7 +350,7 @@ def test_a_failing_request_spoils_nothing(name, baseline):
         for key, grad in expected["grads"][adapter].items():
             assert grad is not None and grads[key] is not None, key
             torch.testing.assert_close(grads[key], grad, **CLOSE, msg=lambda m, a=adapter, k=key: f"{a} {k}: {m}")
-        assert model._state(adapter).accumulated == 1
+        assert model.train_state(adapter).accumulated == 1
 
 
 def test_failures_of_every_kind_in_one_call(baseline):

@@ -82,7 +82,7 @@ def test_adapters_come_and_go_without_touching_the_base_or_each_other(multi, sho
     multi.set_optimizer("AdamW", adapter_name="attn", lr=1e-2)
     multi.forward_backward(short_features, adapter_name="attn")
     tensors = [weakref.ref(t) for t in multi.lora_payload("attn")[1].values()]
-    optimizer = weakref.ref(multi._state("attn").optimizer)
+    optimizer = weakref.ref(multi.train_state("attn").optimizer)
     multi.remove_adapter("attn")
     gc.collect()
     assert all(ref() is None for ref in [*tensors, optimizer]), "a removed adapter's memory must be released"
@@ -174,7 +174,7 @@ def test_micro_batches_cut_each_request_as_it_would_be_cut_alone(short_features)
         requests = [AdapterRequest("sft", short_features[:3]), AdapterRequest("pref", short_features[2:4])]
         results = model.forward_backward_many(requests, micro_batch_size=micro_batch_size)
         assert all(result.ok for result in results), [result.error for result in results]
-        return [p.grad.clone() for name in ("sft", "pref") for p in model._state(name).params]
+        return [p.grad.clone() for name in ("sft", "pref") for p in model.train_state(name).params]
 
     for split, whole in zip(gradients(4), gradients(None), strict=True):
         torch.testing.assert_close(split, whole, atol=1e-6, rtol=1e-5)
@@ -200,11 +200,11 @@ def test_a_nan_gradient_behind_a_finite_loss_skips_the_step(short_features):
     model.add_adapter_to_model("a", LoraConfig(r=4, target_modules=["q_proj"]))
     model.set_optimizer("AdamW", adapter_name="a", lr=1e-2)
     model.set_loss(SqrtAtZero(), adapter_name="a")
-    before = [p.detach().clone() for p in model._state("a").params]
+    before = [p.detach().clone() for p in model.train_state("a").params]
     model.forward_backward(short_features, adapter_name="a")
     with pytest.raises(InvalidInputError, match=r"gradient norm is nan: the optimizer step was skipped"):
         model.clip_grad_and_step(adapter_name="a")
-    state = model._state("a")
+    state = model.train_state("a")
     assert state.global_step == 0 and state.accumulated == 0
     assert all(p.grad is None for p in state.params)
     assert all(torch.equal(p, b) for p, b in zip(state.params, before, strict=True))

@@ -129,19 +129,19 @@ def test_no_logits_are_kept_for_backward(lora):
 @pytest.mark.parametrize("which", [slice(0, 2), slice(0, 3)], ids=["1d-only", "mixed-1d-2d"])
 def test_gradients_equal_the_reference_loss_gradients(lora, which):
     sequences = _sequences()[which]
-    params = lora._state(None).params
+    params = lora.train_state(None).params
     expected = _reference_grads(params, lora.model, sequences)
     output = lora.forward_backward_targets(sequences, _loss)
     assert output.metrics == {"sequences": float(len(sequences))}
     assert output.loss == pytest.approx(float(_loss(output.logps)[0]), abs=1e-4)
-    assert lora._state(None).accumulated == 1
+    assert lora.train_state(None).accumulated == 1
     for ours, reference in zip(_grads(params), expected, strict=True):
         torch.testing.assert_close(ours, reference, **GRAD_TOL)
 
 
 def test_gradients_are_scaled_by_accumulation_steps(new_lora_model):
     model = new_lora_model(gradient_accumulation_steps=2)
-    params = model._state(None).params
+    params = model.train_state(None).params
     expected = _reference_grads(params, model.model, _sequences())
     model.forward_backward_targets(_sequences(), _loss)
     for ours, reference in zip(_grads(params), expected, strict=True):
@@ -152,7 +152,7 @@ def test_full_model_gradients_equal_the_reference():
     torch.manual_seed(0)
     model = TransformersModel(device="cpu", logps_chunk_size=4)
     sequences = _sequences()
-    params = model._state(None).params
+    params = model.train_state(None).params
     expected = _reference_grads(params, model.model, sequences)
     model.forward_backward_targets(sequences, _loss)
     for ours, reference in zip(_grads(params), expected, strict=True):
@@ -161,7 +161,7 @@ def test_full_model_gradients_equal_the_reference():
 
 def test_multi_lora_trains_only_the_named_adapter(multi):
     sequences = _sequences()
-    params_a, params_b = multi._state("a").params, multi._state("b").params
+    params_a, params_b = multi.train_state("a").params, multi.train_state("b").params
     with adapter_rows(multi.model, ["a"] * 1):
         expected = _reference_grads(params_a, multi.model, sequences)
         with torch.no_grad():
@@ -180,7 +180,7 @@ def test_forward_only_reports_the_loss_and_leaves_no_gradients(lora):
     output = lora.forward_backward_targets(_sequences(), _loss, backward=False)
     assert output.loss == pytest.approx(float(_loss(output.logps)[0]), abs=1e-4)
     assert all(p.grad is None for p in lora.model.parameters())
-    assert lora.model.training and lora._state(None).accumulated == 0
+    assert lora.model.training and lora.train_state(None).accumulated == 0
     assert lora.calculate_metric(is_training=False)["loss"] == pytest.approx(output.loss)
 
 
@@ -226,7 +226,7 @@ def _assert_untouched(model, before) -> None:
     for kind in ("weights", "grads"):
         for name, tensor in before[kind].items():
             assert torch.equal(after[kind][name], tensor), (kind, name)
-    assert model._state(None).accumulated == 1
+    assert model.train_state(None).accumulated == 1
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
@@ -286,11 +286,11 @@ def test_update_optimizer_changes_hyperparameters_in_place(backend, new_lora_mod
     model.set_optimizer("AdamW", adapter_name=name, lr=1e-2)
     model.forward_backward_targets(_sequences()[:1], _loss, adapter_name=name)
     model.clip_grad_and_step(adapter_name=name)
-    optimizer = model._state(name).optimizer
+    optimizer = model.train_state(name).optimizer
     moments = {id(p): s["exp_avg"].clone() for p, s in optimizer.state.items()}
     assert moments
     model.update_optimizer(adapter_name=name, lr=1e-3, betas=(0.8, 0.95), weight_decay=0.0)
-    assert model._state(name).optimizer is optimizer
+    assert model.train_state(name).optimizer is optimizer
     for group in optimizer.param_groups:
         assert (group["lr"], group["betas"], group["weight_decay"]) == (1e-3, (0.8, 0.95), 0.0)
     for param, state in optimizer.state.items():

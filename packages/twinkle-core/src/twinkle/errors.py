@@ -6,6 +6,20 @@ errors travel over HTTP) can fix the call without reading a traceback.
 
 from __future__ import annotations
 
+__all__ = [
+    "AuthenticationError",
+    "ComponentNotFoundError",
+    "ConfigurationError",
+    "InvalidInputError",
+    "MissingDependencyError",
+    "PermissionDeniedError",
+    "QuotaExceededError",
+    "RateLimitError",
+    "ResourceNotFoundError",
+    "ServerError",
+    "TwinkleError",
+]
+
 
 class TwinkleError(Exception):
     """Base class of all errors raised on purpose by Twinkle."""

@@ -17,6 +17,8 @@ from typing import Any, TypeVar, overload
 
 from twinkle.errors import ComponentNotFoundError, ConfigurationError
 
+__all__ = ["KINDS", "Registry", "build", "factory", "get_registry", "register"]
+
 T = TypeVar("T")
 
 KINDS: tuple[str, ...] = (

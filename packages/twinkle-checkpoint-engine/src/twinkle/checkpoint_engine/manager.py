@@ -22,7 +22,7 @@ import torch
 
 from twinkle.checkpoint_engine.weights import lora_payload, merged_weights
 from twinkle.errors import ConfigurationError
-from twinkle.infra.ray.transfer import relay
+from twinkle.infra import relay
 from twinkle.registry import register
 from twinkle.utils import get_logger, pick_adapter
 

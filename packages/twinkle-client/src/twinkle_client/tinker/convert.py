@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from twinkle.data_format.input_feature import (
+from twinkle.data_format import (
     IGNORE_INDEX,
     InputFeature,
     make_input_feature,

@@ -28,8 +28,7 @@ import threading
 from types import ModuleType
 from typing import Any
 
-from twinkle.utils import get_logger
-from twinkle.utils.imports import require
+from twinkle.utils import get_logger, require
 from twinkle_client.http import API_PREFIX, DEFAULT_BASE_URL
 from twinkle_client.tinker.paths import to_tinker_path
 

@@ -8,6 +8,7 @@ with ``to_dict``/``from_dict``.
 
 from twinkle.data_format.input_feature import (
     IGNORE_INDEX,
+    TOKEN_FIELDS,
     InputFeature,
     check_binary,
     make_input_feature,
@@ -23,11 +24,12 @@ from twinkle.data_format.message import (
     validate_trajectory,
 )
 from twinkle.data_format.output import LossOutput, ModelOutput
-from twinkle.data_format.sampling import SampledSequence, SampleResponse, SamplingParams, prompt_major
+from twinkle.data_format.sampling import SampledSequence, SampleResponse, SamplingParams, StopReason, prompt_major
 from twinkle.data_format.serde import Serializable
 
 __all__ = [
     "IGNORE_INDEX",
+    "TOKEN_FIELDS",
     "InputFeature",
     "LossOutput",
     "Message",
@@ -36,6 +38,7 @@ __all__ = [
     "SampledSequence",
     "SamplingParams",
     "Serializable",
+    "StopReason",
     "Tool",
     "ToolCall",
     "Trajectory",

@@ -12,8 +12,7 @@ from typing import Any
 
 from datasets import List, Value
 
-from twinkle.data_format import validate_input_feature, validate_trajectory
-from twinkle.data_format.input_feature import TOKEN_FIELDS
+from twinkle.data_format import TOKEN_FIELDS, validate_input_feature, validate_trajectory
 from twinkle.dataset.row_map import batch_rows
 from twinkle.interfaces import Template
 

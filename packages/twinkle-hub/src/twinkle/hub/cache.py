@@ -17,7 +17,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from twinkle.utils.logging import get_logger
+from twinkle.utils import get_logger
 
 logger = get_logger(__name__)
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from twinkle.errors import ResourceNotFoundError
 from twinkle.hub.registry import Kind
-from twinkle.utils.imports import require
-from twinkle.utils.logging import get_logger
+from twinkle.utils import get_logger, require
 
 logger = get_logger(__name__)
 

@@ -4,8 +4,8 @@ from twinkle.loss.alignment import per_sequence, per_token
 from twinkle.loss.cross_entropy import CrossEntropyLoss
 from twinkle.loss.gspo import GSPOLoss
 from twinkle.loss.importance_sampling import CISPOLoss, DROLoss, ImportanceSamplingLoss
-from twinkle.loss.policy import PolicyBatch, PolicyLoss
-from twinkle.loss.ppo import DRGRPOLoss, GRPOLoss, PPOLoss
+from twinkle.loss.policy import PolicyBatch, PolicyLoss, k3
+from twinkle.loss.ppo import DRGRPOLoss, GRPOLoss, PPOLoss, clipped_surrogate
 from twinkle.loss.preference import DPOLoss, PreferenceLoss, SimPOLoss
 from twinkle.loss.reduction import (
     REDUCTIONS,
@@ -34,6 +34,8 @@ __all__ = [
     "Reducer",
     "SimPOLoss",
     "TokenReduction",
+    "clipped_surrogate",
+    "k3",
     "per_sequence",
     "per_sequence_sums",
     "per_token",

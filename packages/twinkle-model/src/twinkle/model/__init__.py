@@ -2,21 +2,39 @@
 
 ``TransformersModel`` trains one adapter (PEFT) or all weights per call;
 ``MultiLoraModel`` trains many tenants' adapters together in shared passes.
+Both run every call through one pass engine (:mod:`twinkle.model.passes`).
 """
 
+from twinkle.model.checkpoints.files import atomic_directory
 from twinkle.model.multi_lora_model import MultiLoraModel
-from twinkle.model.shared_pass import AdapterRequest, AdapterResult
-from twinkle.model.targets import TargetSequence, TargetsOutput, target_logps
+from twinkle.model.passes.logps import target_logps
+from twinkle.model.passes.loss_inputs import check_loss_inputs
+from twinkle.model.passes.requests import (
+    AdapterRequest,
+    AdapterResult,
+    LossFn,
+    PassRequest,
+    TargetSequence,
+    TargetsOutput,
+    TargetsRequest,
+    check_sequences,
+)
 from twinkle.model.training_model import TrainingModel
 from twinkle.model.transformers_model import TransformersModel
 
 __all__ = [
     "AdapterRequest",
     "AdapterResult",
+    "LossFn",
     "MultiLoraModel",
+    "PassRequest",
     "TargetSequence",
     "TargetsOutput",
+    "TargetsRequest",
     "TrainingModel",
     "TransformersModel",
+    "atomic_directory",
+    "check_loss_inputs",
+    "check_sequences",
     "target_logps",
 ]

@@ -28,8 +28,14 @@ from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
 from torch import nn
 
 from twinkle.errors import ConfigurationError, InvalidInputError
-from twinkle.module import MultiLoraLinear, inject_multi_lora, set_adapter_weights
-from twinkle.module.lora_format import check_lora_config, pattern_value, split_lora_state_dict
+from twinkle.module import (
+    MultiLoraLinear,
+    check_lora_config,
+    inject_multi_lora,
+    pattern_value,
+    set_adapter_weights,
+    split_lora_state_dict,
+)
 
 # LoraConfig options that change what a plain ``dropout(x) @ A.T @ B.T * scaling`` computes or where it applies.
 _UNSUPPORTED = {

@@ -24,14 +24,15 @@ from typing import Any
 import torch
 from peft import LoraConfig, PeftConfig
 
-from twinkle.errors import ConfigurationError
+from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.infra import remote_class
 from twinkle.model.multi_lora_adapters import MultiLoraAdapter, create_adapter
-from twinkle.model.shared_pass import AdapterRequest, AdapterResult, forward_backward_many
+from twinkle.model.passes.loss_inputs import check_micro_batch_size
+from twinkle.model.passes.plans import LossPlan, Plan, TargetsPlan
+from twinkle.model.passes.requests import AdapterRequest, AdapterResult, TargetsRequest, model_limits
 from twinkle.model.train_state import TrainState
 from twinkle.model.training_model import TrainingModel
-from twinkle.module import adapter_rows, remove_adapter
-from twinkle.module.lora_format import read_adapter_dir, write_adapter_dir
+from twinkle.module import adapter_rows, read_adapter_dir, remove_adapter, write_adapter_dir
 from twinkle.registry import register
 
 
@@ -73,34 +74,75 @@ class MultiLoraModel(TrainingModel):
 
     def remove_adapter(self, adapter_name: str) -> None:
         """Drop an adapter with its optimizer, scheduler and gradients; its saved checkpoints stay loadable."""
-        self._state(adapter_name)  # a clear error for an unknown name
+        self.train_state(adapter_name)  # a clear error for an unknown name
         remove_adapter(self.model, adapter_name)
         del self._adapters[adapter_name], self._states[adapter_name]
         gc.collect()  # optimizer state and autograd graphs can hold reference cycles
 
     def adapter_config(self, adapter_name: str) -> LoraConfig:
-        self._state(adapter_name)
+        self.train_state(adapter_name)
         return self._adapters[adapter_name].config
 
     def forward_backward_many(
-        self, requests: Sequence[AdapterRequest | Mapping[str, Any]], micro_batch_size: int | None = None
+        self,
+        requests: Sequence[AdapterRequest | TargetsRequest | Mapping[str, Any]],
+        micro_batch_size: int | None = None,
     ) -> list[AdapterResult]:
-        """One forward and backward over several adapters' batches, each with its own loss and loss inputs.
+        """One forward and backward over several adapters' requests, each with its own loss.
 
-        Each request is an :class:`AdapterRequest` (or a dict of its fields).
-        Returns one :class:`AdapterResult` per request, in order: the request's
-        ``ModelOutput`` as ``forward_backward`` would return it, or the error
-        that stopped it. A failing request (bad input, an exception in its
-        loss, a non-finite loss) leaves its adapter exactly as it was and does
-        not change any other adapter's result.
+        Each request is an :class:`AdapterRequest` (features and the adapter's
+        registered loss, as ``forward_backward`` takes them) or a
+        :class:`TargetsRequest` (explicit targets and a loss function, as
+        ``forward_backward_targets`` takes them), or a dict of either's fields.
+        Returns one :class:`AdapterResult` per request, in order: the output the
+        single-adapter call would return, or the error that stopped it. A
+        failing request (bad input, an exception in its loss, a non-finite
+        loss) leaves its adapter exactly as it was and does not change any
+        other request's result.
         """
-        return forward_backward_many(self, requests, micro_batch_size)
+        check_micro_batch_size(micro_batch_size)
+        results: list[AdapterResult] = []
+        plans: list[Plan] = []
+        for index, request in enumerate(requests):
+            result = AdapterResult(_adapter_name(request))
+            results.append(result)
+            try:
+                plans.append(self._plan(request, index, result, {plan.state.name for plan in plans}, micro_batch_size))
+            except Exception as exc:  # reported to this request only
+                result.error = exc
+        self._engine.run(plans, micro_batch_size)
+        return results
+
+    def _plan(
+        self, request: Any, index: int, result: AdapterResult, taken: set[str], micro_batch_size: int | None
+    ) -> Plan:
+        """Validate one request completely before anything runs."""
+        if isinstance(request, Mapping):
+            request = TargetsRequest(**request) if "sequences" in request else AdapterRequest(**request)
+        if not isinstance(request, (AdapterRequest, TargetsRequest)):
+            kind = type(request).__name__
+            raise InvalidInputError(
+                f"requests[{index}] must be an AdapterRequest, a TargetsRequest or a dict, got {kind}"
+            )
+        name = request.adapter_name
+        if not isinstance(name, str):
+            raise InvalidInputError(f"requests[{index}].adapter_name must name an adapter, got {name!r}")
+        if name in taken:
+            raise InvalidInputError(f"adapter {name!r} appears in more than one request: merge its batches into one")
+        state = self.train_state(name)
+        if isinstance(request, TargetsRequest):
+            limits = model_limits(self.model)
+            return TargetsPlan(
+                state, result, request.sequences, request.loss_fn, request.backward, limits, self.parallel
+            )
+        features = self._batches.features(state, request.inputs)
+        return LossPlan(state, result, features, request.loss_inputs, self.parallel, True, micro_batch_size)
 
     # ------------------------------------------------------------------ weight sync (CheckpointEngineManager)
 
     def lora_payload(self, adapter_name: str) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
         """The adapter's config and PEFT-format tensors (views of the trained parameters)."""
-        self._state(adapter_name)
+        self.train_state(adapter_name)
         adapter = self._adapters[adapter_name]
         return adapter.config, adapter.state_dict()
 
@@ -111,7 +153,7 @@ class MultiLoraModel(TrainingModel):
         input embedding's) is refused: merged into the shared tensor, its
         update would reach the embedding too.
         """
-        name = self._state(adapter_name).name
+        name = self.train_state(adapter_name).name
         adapter = self._adapters[name]
         weights = self.model.state_dict()
         keys_by_tensor: dict[int, list[str]] = {}
@@ -143,16 +185,21 @@ class MultiLoraModel(TrainingModel):
 
     # ------------------------------------------------------------------ back-end hooks
 
-    def _adapter_scope(self, state: TrainState, batch_size: int) -> Any:
-        return adapter_rows(self.model, [state.name] * batch_size)
+    def _route_rows(self, row_adapters: Sequence[str | None]) -> Any:
+        return adapter_rows(self.model, row_adapters)
 
-    def _adapter_state_dict(self, state: TrainState) -> dict[str, torch.Tensor]:
+    def adapter_state_dict(self, state: TrainState) -> dict[str, torch.Tensor]:
         return self._adapters[state.name].state_dict()
 
-    def _write_adapter(self, state: TrainState, directory: Path, tensors: Mapping[str, torch.Tensor]) -> None:
+    def write_adapter_files(self, state: TrainState, directory: Path, tensors: Mapping[str, torch.Tensor]) -> None:
         adapter = self._adapters[state.name]
         adapter.config.base_model_name_or_path = self.model_path
         write_adapter_dir(directory, adapter.config, tensors)
 
-    def _load_adapter_weights(self, adapter_name: str, directory: Path) -> None:
+    def load_adapter_weights(self, adapter_name: str, directory: Path) -> None:
         self._adapters[adapter_name].load_state_dict(adapter_name, read_adapter_dir(directory)[1])
+
+
+def _adapter_name(request: Any) -> str | None:
+    name = request.get("adapter_name") if isinstance(request, Mapping) else getattr(request, "adapter_name", None)
+    return name if isinstance(name, str) else None

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from twinkle.errors import ConfigurationError
+from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.interfaces import Loss, Metric
 from twinkle.model.training_metric import TrainingMetric
 from twinkle.registry import build
@@ -95,3 +96,16 @@ def check_new_adapter(states: Mapping[str, TrainState], adapter_name: str, gradi
             "add adapters before anything else"
         )
     check_gradient_accumulation_steps(gradient_accumulation_steps)
+
+
+def set_hyperparameters(optimizer: torch.optim.Optimizer, hyperparameters: Mapping[str, Any]) -> None:
+    """Set ``hyperparameters`` on every param group in place (state kept); unknown keys are rejected first."""
+    for key, value in hyperparameters.items():
+        if key == "params" or any(key not in group for group in optimizer.param_groups):
+            known = sorted(k for k in optimizer.param_groups[0] if k != "params")
+            raise InvalidInputError(f"{type(optimizer).__name__} has no hyper-parameter {key!r}; known: {known}")
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if key == "lr" and not (is_number and 0 <= value < math.inf):
+            raise InvalidInputError(f"lr must be a finite number >= 0, got {value!r}")
+    for group in optimizer.param_groups:
+        group.update(hyperparameters)

@@ -6,10 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
-
 from twinkle.interfaces import Metric
-from twinkle.model.token_logps import TokenLogpsResult
 
 
 class TrainingMetric(Metric):
@@ -22,26 +19,6 @@ class TrainingMetric(Metric):
 
     def __init__(self) -> None:
         self.reset()
-
-    def record_step(
-        self,
-        batch: Mapping[str, torch.Tensor],
-        result: TokenLogpsResult,
-        loss: float | None,
-        seconds: float,
-        loss_metrics: Mapping[str, float] | None = None,
-    ) -> None:
-        """Count one call: its tokens (``batch['seq_lens']``), supervised and correct tokens, loss and time."""
-        values: dict[str, Any] = {
-            "correct_tokens": int(result.correct_BT.sum()),
-            "supervised_tokens": int(result.supervised_BT.sum()),
-            "tokens": int(batch["seq_lens"].sum()),
-            "seconds": seconds,
-            "loss_metrics": loss_metrics,
-        }
-        if loss is not None:
-            values["loss"] = loss
-        self.accumulate(**values)
 
     def reset(self) -> None:
         self._loss_sum = 0.0

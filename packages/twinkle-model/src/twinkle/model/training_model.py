@@ -8,13 +8,14 @@ scheduler, loss, processor, template, metrics and counters (:class:`TrainState`)
 
 Subclasses decide how adapters live in the model: :class:`TransformersModel`
 through PEFT, :class:`MultiLoraModel` as per-row multi-adapter layers. They
-implement the five hooks ``_add_adapter``, ``_adapter_scope``, ``_adapter_state_dict``,
-``_write_adapter`` and ``_load_adapter_weights``.
+implement the five hooks ``_add_adapter``, ``_route_rows``, ``adapter_state_dict``,
+``write_adapter_files`` and ``load_adapter_weights``.
 
 Under ``torchrun`` the ``device_mesh`` (or ``twinkle.initialize``'s
 ``global_device_mesh``) makes the same code train with DDP (``dp_size``) or
 FSDP2 (``fsdp_size``), each rank on its share of the global batch: see
-:mod:`twinkle.model.data_parallel` and :mod:`twinkle.model.global_batch`.
+:mod:`twinkle.model.parallel`. Every forward, loss and backward of a call runs
+through the one pass engine, :class:`twinkle.model.passes.engine.PassEngine`.
 """
 
 from __future__ import annotations
@@ -34,15 +35,16 @@ from twinkle.data_format import LossOutput, ModelOutput
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.hub import resolve_model
 from twinkle.infra import DeviceMesh, get_runtime
-from twinkle.model import checkpointing, forward_passes, peft_adapters
-from twinkle.model.batching import BatchPreparer
-from twinkle.model.data_parallel import parallelism_for
-from twinkle.model.distributed import full_tensors, local_device
-from twinkle.model.microbatch import checked_loss
-from twinkle.model.precision import MixedPrecision, autocast, check_mixed_precision
+from twinkle.model import peft_adapters, stepwise
+from twinkle.model.checkpoints import save_load
+from twinkle.model.features import BatchPreparer
+from twinkle.model.parallel import full_tensors, local_device, parallelism_for
+from twinkle.model.passes.engine import PassEngine
+from twinkle.model.passes.plans import LossPlan, TargetsPlan
+from twinkle.model.passes.requests import AdapterResult, LossFn, TargetSequence, TargetsOutput, model_limits
+from twinkle.model.precision import MixedPrecision, check_mixed_precision
 from twinkle.model.seeding import seeded
-from twinkle.model.targets import LossFn, TargetSequence, TargetsOutput, run_targets, set_hyperparameters
-from twinkle.model.train_state import FULL_MODEL, TrainState, check_new_adapter, new_state
+from twinkle.model.train_state import FULL_MODEL, TrainState, check_new_adapter, new_state, set_hyperparameters
 from twinkle.module import build_optimizer
 from twinkle.registry import build
 from twinkle.utils import get_logger
@@ -91,6 +93,7 @@ class TrainingModel(ABC):
         self.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
         self._states: dict[str, TrainState] = {}
         self._batches = BatchPreparer(self.vocab_size)
+        self._engine = PassEngine(self, self._route_rows)
 
     # ------------------------------------------------------------------ adapters and components
 
@@ -128,7 +131,7 @@ class TrainingModel(ABC):
 
     def set_optimizer(self, optimizer_cls: Any = "AdamW", adapter_name: str | None = None, **kwargs: Any) -> None:
         """Create the optimizer (a ``torch.optim`` name or class, or ``'default'``) over this adapter's weights."""
-        state = self._state(adapter_name)
+        state = self.train_state(adapter_name)
         self.parallel.wrap(self.model, self._states.values())  # the optimizer must hold the final (sharded) params
         state.optimizer = build_optimizer(optimizer_cls, state.params, **kwargs)
         state.lr_scheduler = None  # a scheduler is bound to the optimizer it was built for
@@ -139,7 +142,7 @@ class TrainingModel(ABC):
             raise ConfigurationError(
                 "pass an LR scheduler class or name, not an instance: it must be built on this adapter's optimizer"
             )
-        state = self._state(adapter_name)
+        state = self.train_state(adapter_name)
         state.lr_scheduler = build("lr_scheduler", scheduler_cls, optimizer=state.require_optimizer(), **kwargs)
 
     def set_loss(self, loss: Any, adapter_name: str | None = None, **kwargs: Any) -> None:
@@ -168,15 +171,15 @@ class TrainingModel(ABC):
 
     def forward(self, inputs: Any, adapter_name: str | None = None) -> ModelOutput:
         """Forward with autograd; ``calculate_loss`` and ``backward`` continue from it."""
-        return forward_passes.forward(self, self._state(adapter_name), inputs)
+        return stepwise.forward(self._step_host(), self.train_state(adapter_name), inputs)
 
     def calculate_loss(self, adapter_name: str | None = None, **loss_inputs: Any) -> LossOutput:
         """The loss of the last ``forward`` (kept for ``backward``)."""
-        return forward_passes.calculate_loss(self, self._state(adapter_name), loss_inputs)
+        return stepwise.calculate_loss(self._step_host(), self.train_state(adapter_name), loss_inputs)
 
     def backward(self, adapter_name: str | None = None) -> None:
         """Back-propagate the loss from ``calculate_loss`` (scaled by 1/gradient_accumulation_steps)."""
-        forward_passes.backward(self, self._state(adapter_name))
+        stepwise.backward(self._step_host(), self.train_state(adapter_name))
 
     def forward_backward(
         self,
@@ -191,7 +194,7 @@ class TrainingModel(ABC):
         whole batch, so the gradients equal one big-batch step; on any error the
         gradients are left exactly as they were before the call.
         """
-        return forward_passes.forward_backward(self, self._state(adapter_name), inputs, micro_batch_size, loss_inputs)
+        return self._run_loss_plan(adapter_name, inputs, loss_inputs, True, micro_batch_size)
 
     def forward_only(
         self, inputs: Any, adapter_name: str | None = None, return_logits: bool = False, **loss_inputs: Any
@@ -203,7 +206,7 @@ class TrainingModel(ABC):
         log-probabilities never needs loss inputs. ``return_logits`` also returns
         each sample's ``[T, V]`` float32 logits (large: use for checks).
         """
-        return forward_passes.forward_only(self, self._state(adapter_name), inputs, return_logits, loss_inputs)
+        return self._run_loss_plan(adapter_name, inputs, loss_inputs, False, return_logits=return_logits)
 
     def forward_backward_targets(
         self,
@@ -220,7 +223,14 @@ class TrainingModel(ABC):
         1/gradient_accumulation_steps); on any error, a non-finite loss included,
         gradients stay as they were. Without, it runs in eval mode under no_grad.
         """
-        return run_targets(self, self._state(adapter_name), sequences, loss_fn, backward)
+        state = self.train_state(adapter_name)
+        self._wrap()
+        limits = model_limits(self.model)
+        plan = TargetsPlan(state, AdapterResult(adapter_name), sequences, loss_fn, backward, limits, self.parallel)
+        self._engine.run([plan])
+        output = plan.result.unwrap()
+        assert isinstance(output, TargetsOutput)
+        return output
 
     def update_optimizer(self, adapter_name: str | None = None, **hyperparameters: Any) -> None:
         """Set hyper-parameters (``lr``, ``betas``, ``eps``, ``weight_decay``...) of the existing optimizer in place.
@@ -228,38 +238,38 @@ class TrainingModel(ABC):
         Its state (e.g. Adam moments) is kept. Only keys its param groups already
         have are accepted. An LR scheduler, if set, may override ``lr`` on its next step.
         """
-        set_hyperparameters(self._state(adapter_name).require_optimizer(), hyperparameters)
+        set_hyperparameters(self.train_state(adapter_name).require_optimizer(), hyperparameters)
 
     def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
         """Clip this adapter's gradients to ``max_grad_norm`` (L2); returns the norm before clipping."""
-        state = self._state(adapter_name)
+        state = self.train_state(adapter_name)
         norm = float(full_tensors(torch.nn.utils.clip_grad_norm_(state.params, max_grad_norm)))  # FSDP: DTensor
         state.train_metric.accumulate(grad_norm=norm)
         return norm
 
     def step(self, adapter_name: str | None = None) -> None:
         """One optimizer step on the accumulated gradients."""
-        state = self._state(adapter_name)
+        state = self.train_state(adapter_name)
         state.require_optimizer().step()
         state.global_step += 1
         state.accumulated = 0
 
     def zero_grad(self, adapter_name: str | None = None) -> None:
         """Drop this adapter's gradients (other adapters keep theirs)."""
-        state = self._state(adapter_name)
+        state = self.train_state(adapter_name)
         for param in state.params:
             param.grad = None
         state.accumulated = 0  # the dropped gradients no longer count towards gradient_accumulation_steps
 
     def lr_step(self, adapter_name: str | None = None) -> None:
         """Advance the LR scheduler, if one is set."""
-        state = self._state(adapter_name)
+        state = self.train_state(adapter_name)
         if state.lr_scheduler is not None:
             state.lr_scheduler.step()
 
     def clip_grad_and_step(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> dict[str, Any]:
         """Clip, step, zero and advance the schedule once ``gradient_accumulation_steps`` calls have accumulated."""
-        state = self._state(adapter_name)
+        state = self.train_state(adapter_name)
         state.require_optimizer()
         if state.accumulated < state.gradient_accumulation_steps:
             return {"stepped": False, "accumulated": state.accumulated}
@@ -278,7 +288,7 @@ class TrainingModel(ABC):
 
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
         """Metrics since the previous call (then reset): loss, accuracy, grad_norm, lr, tokens/s, user metrics."""
-        state = self._state(adapter_name)
+        state = self.train_state(adapter_name)
         metric = state.train_metric if is_training else state.eval_metric
         metric.accumulate(lr=state.current_lr())
         result = {**metric.calculate(), "global_step": float(state.global_step)}
@@ -296,7 +306,8 @@ class TrainingModel(ABC):
         Batched sampling with temperatures, log-probs and per-row adapters is the sampler's job.
         Under FSDP it is a collective: every rank calls it with the same prompt.
         """
-        return forward_passes.generate(self, self._state(adapter_name), input_ids, max_new_tokens)
+        state = self.train_state(adapter_name)
+        return stepwise.generate(self._step_host(), state, input_ids, max_new_tokens)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -314,33 +325,33 @@ class TrainingModel(ABC):
         directory. ``save_optimizer`` adds optimizer and scheduler state; a
         ``dataloader`` (anything with ``get_state()``) records its position.
         """
-        return str(checkpointing.save(self, self._state(adapter_name), name, output_dir, save_optimizer, dataloader))
+        return str(save_load.save(self, self.train_state(adapter_name), name, output_dir, save_optimizer, dataloader))
 
     def load(self, path: str | Path, adapter_name: str | None = None, load_optimizer: bool = False) -> None:
         """Load weights (and optionally optimizer state) saved by :meth:`save`; adds the adapter if missing."""
-        checkpointing.load_weights(self, Path(path), adapter_name, load_optimizer)
+        save_load.load_weights(self, Path(path), adapter_name, load_optimizer)
 
     def resume_from_checkpoint(self, path: str | Path, adapter_name: str | None = None, dataloader: Any = None) -> None:
         """Restore weights, optimizer, scheduler, step counters, RNG and (given one) the dataloader position."""
-        checkpointing.resume(self, Path(path), adapter_name, dataloader)
+        save_load.resume(self, Path(path), adapter_name, dataloader)
 
     # ------------------------------------------------------------------ back-end hooks
 
     @abstractmethod
-    def _adapter_scope(self, state: TrainState, batch_size: int) -> AbstractContextManager[Any]:
-        """Within the block, forwards of ``batch_size`` rows use ``state``'s adapter (none for the full model)."""
+    def _route_rows(self, row_adapters: Sequence[str | None]) -> AbstractContextManager[Any]:
+        """Within the block, row ``i`` of every forward uses adapter ``row_adapters[i]`` (``None``: no adapter)."""
 
     @abstractmethod
-    def _adapter_state_dict(self, state: TrainState) -> dict[str, torch.Tensor]:
+    def adapter_state_dict(self, state: TrainState) -> dict[str, torch.Tensor]:
         """The adapter's weights under PEFT's keys (sharded DTensors under FSDP: ``save`` gathers them)."""
 
     @abstractmethod
-    def _write_adapter(self, state: TrainState, directory: Path, tensors: Mapping[str, torch.Tensor]) -> None:
+    def write_adapter_files(self, state: TrainState, directory: Path, tensors: Mapping[str, torch.Tensor]) -> None:
         """Write the adapter's config and its weights ``tensors`` in PEFT's format into ``directory``."""
 
     @abstractmethod
-    def _load_adapter_weights(self, adapter_name: str, directory: Path) -> None:
-        """Load weights written by :meth:`_write_adapter` (or by PEFT) into the existing adapter."""
+    def load_adapter_weights(self, adapter_name: str, directory: Path) -> None:
+        """Load weights written by :meth:`write_adapter_files` (or by PEFT) into the existing adapter."""
 
     # ------------------------------------------------------------------ internals
 
@@ -348,7 +359,8 @@ class TrainingModel(ABC):
         """Only evaluated (or a call failed) without adapters so far: the adapters replace that state."""
         self._states.pop(FULL_MODEL, None)
 
-    def _state(self, adapter_name: str | None) -> TrainState:
+    def train_state(self, adapter_name: str | None) -> TrainState:
+        """The :class:`TrainState` of ``adapter_name`` (the only adapter, or the full model, when ``None``)."""
         if adapter_name is not None:
             if adapter_name not in self._states:
                 raise ConfigurationError(f"unknown adapter {adapter_name!r}; adapters: {self.adapter_names}")
@@ -366,21 +378,37 @@ class TrainingModel(ABC):
 
     def _configured(self, adapter_name: str | None) -> TrainState:
         """The state a ``set_*`` call configures, marked so (call it once the new component is built)."""
-        state = self._state(adapter_name)
+        state = self.train_state(adapter_name)
         state.configured = True
         return state
 
-    def _autocast(self) -> torch.autocast:
-        return autocast(self.device.type, self.mixed_precision)
+    def _wrap(self) -> None:
+        """Wrap the model for data parallelism on first use (adapters are all added by then)."""
+        self.parallel.wrap(self.model, self._states.values())
 
-    def _compute_loss(
+    def _step_host(self) -> stepwise.StepHost:
+        self._wrap()
+        return stepwise.StepHost(
+            self._engine, self.parallel, self._batches, self.model, self._route_rows, self.pad_token_id
+        )
+
+    def _run_loss_plan(
         self,
-        state: TrainState,
-        batch: Mapping[str, torch.Tensor],
-        output: ModelOutput,
-        normalizer: float | None,
+        adapter_name: str | None,
+        inputs: Any,
         loss_inputs: Mapping[str, Any],
-        weight: float | None = None,
-    ) -> LossOutput:
-        device_batch = {k: v.to(self.device) for k, v in batch.items()}
-        return checked_loss(state.loss, device_batch, output, normalizer, loss_inputs, weight)
+        train: bool,
+        micro_batch_size: int | None = None,
+        return_logits: bool = False,
+    ) -> ModelOutput:
+        """One adapter's ``forward_backward`` (``train``) or ``forward_only`` through the pass engine."""
+        state = self.train_state(adapter_name)
+        self._wrap()
+        with self.parallel.all_or_none():
+            features = self._batches.features(state, inputs)
+        result = AdapterResult(adapter_name)
+        plan = LossPlan(state, result, features, loss_inputs, self.parallel, train, micro_batch_size, return_logits)
+        self._engine.run([plan], micro_batch_size)
+        output = result.unwrap()
+        assert isinstance(output, ModelOutput)
+        return output

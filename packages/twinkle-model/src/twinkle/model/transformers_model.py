@@ -7,13 +7,14 @@ For many adapters trained together in one pass, see :class:`MultiLoraModel`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from peft import PeftConfig, PeftModel
 
+from twinkle.errors import ConfigurationError
 from twinkle.infra import remote_class
 from twinkle.model import peft_adapters
 from twinkle.model.train_state import TrainState
@@ -34,18 +35,22 @@ class TransformersModel(TrainingModel):
         return peft_adapters.adapter_parameters(self.model, adapter_name)
 
     @contextmanager
-    def _adapter_scope(self, state: TrainState, batch_size: int) -> Iterator[None]:
-        if isinstance(self.model, PeftModel) and state.is_adapter:
-            self.model.set_adapter(state.name)
-            for param in state.params:  # PEFT may freeze inactive adapters; ours must train
+    def _route_rows(self, row_adapters: Sequence[str | None]) -> Iterator[None]:
+        names = set(row_adapters)
+        if len(names) > 1:  # PEFT runs one active adapter per forward
+            raise ConfigurationError(f"TransformersModel runs one adapter per forward, got {sorted(map(str, names))}")
+        name = next(iter(names), None)
+        if isinstance(self.model, PeftModel) and name is not None:
+            self.model.set_adapter(name)
+            for param in self.train_state(name).params:  # PEFT may freeze inactive adapters; ours must train
                 param.requires_grad_(True)
         yield
 
-    def _adapter_state_dict(self, state: TrainState) -> dict[str, torch.Tensor]:
+    def adapter_state_dict(self, state: TrainState) -> dict[str, torch.Tensor]:
         return peft_adapters.adapter_state_dict(self.model, state.name)
 
-    def _write_adapter(self, state: TrainState, directory: Path, tensors: Mapping[str, torch.Tensor]) -> None:
+    def write_adapter_files(self, state: TrainState, directory: Path, tensors: Mapping[str, torch.Tensor]) -> None:
         peft_adapters.save_adapter(self.model, state.name, directory, self.model_path, tensors)
 
-    def _load_adapter_weights(self, adapter_name: str, directory: Path) -> None:
+    def load_adapter_weights(self, adapter_name: str, directory: Path) -> None:
         peft_adapters.load_adapter_weights(self.model, adapter_name, directory)

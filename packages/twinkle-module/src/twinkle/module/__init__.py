@@ -1,6 +1,14 @@
 """Reusable torch building blocks: LR schedulers, optimizers by name, memory-lean log-probs, per-row LoRA."""
 
 from twinkle.module.logps import LowRankTerm, TokenLogps, chunked_token_logps, logps_dtype, token_logps_from_logits
+from twinkle.module.lora_format import (
+    ADAPTER_CONFIG,
+    check_lora_config,
+    pattern_value,
+    read_adapter_dir,
+    split_lora_state_dict,
+    write_adapter_dir,
+)
 from twinkle.module.multi_lora import (
     LoraWeights,
     MultiLoraLinear,
@@ -22,6 +30,7 @@ from twinkle.module.scheduler import (
 )
 
 __all__ = [
+    "ADAPTER_CONFIG",
     "ConstantScheduler",
     "CosineWarmupScheduler",
     "LinearWarmupScheduler",
@@ -33,14 +42,19 @@ __all__ = [
     "adapter_names",
     "adapter_rows",
     "build_optimizer",
+    "check_lora_config",
     "chunked_token_logps",
     "default_scheduler",
     "inject_multi_lora",
     "logps_dtype",
     "multi_lora_modules",
     "optimizer_class",
+    "pattern_value",
     "per_token",
+    "read_adapter_dir",
     "remove_adapter",
     "set_adapter_weights",
+    "split_lora_state_dict",
     "token_logps_from_logits",
+    "write_adapter_dir",
 ]

@@ -15,10 +15,10 @@ from twinkle.data_format import (
     InputFeature,
     SampledSequence,
     SampleResponse,
+    StopReason,
     make_input_feature,
     prompt_major,
 )
-from twinkle.data_format.sampling import StopReason
 from twinkle.sampler.stopping import StopCriteria
 
 TopK = list[tuple[int, float]]

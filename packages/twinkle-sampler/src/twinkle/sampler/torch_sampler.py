@@ -20,8 +20,15 @@ from twinkle.data_format import SamplingParams
 from twinkle.errors import ConfigurationError
 from twinkle.hub import resolve_model
 from twinkle.infra import DeviceMesh, remote_class
-from twinkle.module import MultiLoraLinear, adapter_names, inject_multi_lora, remove_adapter, set_adapter_weights
-from twinkle.module.lora_format import read_adapter_dir, split_lora_state_dict
+from twinkle.module import (
+    MultiLoraLinear,
+    adapter_names,
+    inject_multi_lora,
+    read_adapter_dir,
+    remove_adapter,
+    set_adapter_weights,
+    split_lora_state_dict,
+)
 from twinkle.registry import register
 from twinkle.sampler.base import Sampler
 from twinkle.sampler.decoding import Decoder

@@ -22,17 +22,11 @@ from typing import Any
 
 import torch
 
-from twinkle.data_format import SamplingParams
-from twinkle.data_format.sampling import StopReason
+from twinkle.data_format import SamplingParams, StopReason
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.hub import resolve_model
 from twinkle.infra import DeviceMesh, remote_class
-from twinkle.module.lora_format import (
-    ADAPTER_CONFIG,
-    check_lora_config,
-    split_lora_state_dict,
-    write_adapter_dir,
-)
+from twinkle.module import ADAPTER_CONFIG, check_lora_config, split_lora_state_dict, write_adapter_dir
 from twinkle.registry import register
 from twinkle.sampler.base import Sampler
 from twinkle.sampler.results import Completion, Generation, Prompt, TopK

@@ -36,11 +36,11 @@ def safe_child(root: str | Path, *user_parts: str) -> Path:
 def atomic_child(root: str | Path, *user_parts: str) -> Iterator[Path]:
     """Write a directory at ``safe_child(root, *user_parts)`` atomically: yields a temporary folder to fill.
 
-    Delegates to ``twinkle.model.checkpoint_io.atomic_directory`` (imported here,
+    Delegates to ``twinkle.model.atomic_directory`` (imported here,
     as it pulls in torch) so checkpoints saved by the server and in-process share
     one crash-safety rule: the final folder appears complete or not at all.
     """
-    from twinkle.model.checkpoint_io import atomic_directory
+    from twinkle.model import atomic_directory
 
     with atomic_directory(safe_child(root, *user_parts)) as tmp:
         yield tmp

@@ -13,8 +13,7 @@ from typing import Any
 
 from twinkle.data_format import validate_input_feature
 from twinkle.errors import InvalidInputError
-from twinkle.model import AdapterRequest
-from twinkle.model.microbatch import check_loss_inputs
+from twinkle.model import AdapterRequest, check_loss_inputs
 from twinkle.server.app.state import ServerState
 from twinkle.server.paths import SAMPLER_WEIGHTS_DIR, safe_child
 from twinkle.server.services.checkpoints import CheckpointHold

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from twinkle.model import AdapterRequest
+from twinkle.model import PassRequest
 from twinkle.server.services.pool import ModelPool
 from twinkle.server.services.scheduler import Job, Scheduler
 
@@ -72,7 +72,7 @@ class Engine(Protocol):
         key: str,
         task: Task,
         on_done: OnDone,
-        shared: AdapterRequest | None,
+        shared: PassRequest | None,
         tokens: int,
         labels: Labels,
         replica: int | None = None,
@@ -126,7 +126,7 @@ class LocalEngine:
         key: str,
         task: Task,
         on_done: OnDone,
-        shared: AdapterRequest | None,
+        shared: PassRequest | None,
         tokens: int,
         labels: Labels,
         replica: int | None = None,

@@ -21,7 +21,7 @@ from peft import LoraConfig
 from twinkle.checkpoint_engine import CheckpointEngineManager
 from twinkle.data_format import SampleResponse, SamplingParams
 from twinkle.errors import InvalidInputError
-from twinkle.model import AdapterRequest, AdapterResult, MultiLoraModel, TransformersModel
+from twinkle.model import AdapterResult, MultiLoraModel, PassRequest, TransformersModel
 from twinkle.module import adapter_names
 from twinkle.registry import build
 from twinkle.sampler import TorchSampler
@@ -130,7 +130,7 @@ class ModelPool:
         adapter = run_id if run_id in model.adapter_names else None
         return getattr(model, method)(adapter_name=adapter, **kwargs)
 
-    def forward_backward_many(self, requests: Sequence[AdapterRequest]) -> list[AdapterResult]:
+    def forward_backward_many(self, requests: Sequence[PassRequest]) -> list[AdapterResult]:
         return self.model.forward_backward_many(requests)
 
     def sample(

@@ -5,6 +5,6 @@ needs no torch); this module re-exports them so scripts written against that
 import path run unchanged. New code imports them from ``twinkle_client``.
 """
 
-from twinkle_client.tinker import datum_to_input_feature, input_feature_to_datum
+from twinkle_client import datum_to_input_feature, input_feature_to_datum
 
 __all__ = ["datum_to_input_feature", "input_feature_to_datum"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from twinkle.errors import InvalidInputError
+from twinkle.model import TargetsRequest
 from twinkle.server.app.state import ServerState
 from twinkle.server.services.engine import PoolTask, Task
 from twinkle.server.services.futures import api_method
@@ -45,6 +46,7 @@ def submit(
     seq_id: int | None = None,
     key: str | None = None,
     tokens: int = 0,
+    shared: TargetsRequest | None = None,
     replica: int | None = None,
     finish: Callable[[Any], bytes] | None = None,
     on_failure: Callable[[], None] | None = None,
@@ -55,7 +57,8 @@ def submit(
     With ``seq_id`` the request belongs to ``run_id``'s training stream: a retry of
     the same ``(run_id, seq_id)`` returns the first request's id without running
     again, and the work is released to the engine in ``seq_id`` order. Other
-    requests are deduplicated on ``key`` when one is given. ``finish`` makes the reply
+    requests are deduplicated on ``key`` when one is given. With ``shared`` the call may join other tenants'
+    calls in a shared pass. ``finish`` makes the reply
     from the task's result (default: the result is the reply); ``on_failure`` runs if either fails.
     ``settled`` runs once this request is over however it ends (done, failed, cancelled, refused
     here, or a retry of a request already made), e.g. to let go of the checkpoint it reads.
@@ -88,7 +91,7 @@ def submit(
             state.futures.resolve_raw(future.id, result or b"")
 
     def release() -> None:
-        state.engine.submit(queue_key, task, on_done, None, tokens, (caller.user, method), replica)
+        state.engine.submit(queue_key, task, on_done, shared, tokens, (caller.user, method), replica)
 
     def cancel() -> None:
         done()

@@ -47,9 +47,9 @@ from twinkle.loss import (
     PolicyBatch,
     PolicyLoss,
     PPOLoss,
+    clipped_surrogate,
+    k3,
 )
-from twinkle.loss.policy import k3
-from twinkle.loss.ppo import clipped_surrogate
 from twinkle.server.tinker.codec import Datum
 
 LOSS_NAMES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo")

@@ -118,16 +118,24 @@ async def forward_backward(request: Request) -> JSONResponse:
     call = decode_forward_backward(await request.body(), request.headers.get("content-encoding"))
     resident_run(caller, call.model_id)
     try:
-        training.check_forward_backward(caller.state.engine, call)
+        shared = training.checked_request(caller.state.engine, call)  # it may join other tenants' passes
         tokens = sum(len(datum.tokens) for datum in call.data)
         caller.state.quotas.check_tokens(caller.user, tokens)
     except Exception:
         skip_turn(caller, call.model_id, call.seq_id)
         raise
-    task = FunctionTask(training.forward_backward, (call.model_id, call))
+    task = FunctionTask(training.forward_backward, (shared,))
     method = "forward" if call.forward_only else "forward_backward"
     request_id = submit(
-        caller, method, task, queue_key=call.model_id, run_id=call.model_id, seq_id=call.seq_id, tokens=tokens
+        caller,
+        method,
+        task,
+        queue_key=call.model_id,
+        run_id=call.model_id,
+        seq_id=call.seq_id,
+        tokens=tokens,
+        shared=shared,
+        finish=training.encode_output,
     )
     return future(request_id, model_id=call.model_id)
 

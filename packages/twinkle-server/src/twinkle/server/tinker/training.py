@@ -15,8 +15,7 @@ from typing import Any
 import torch
 
 from twinkle.errors import InvalidInputError
-from twinkle.model import TargetSequence
-from twinkle.model.targets import check_sequences
+from twinkle.model import TargetSequence, TargetsOutput, TargetsRequest, check_sequences
 from twinkle.server.services.engine import Engine, Task
 from twinkle.server.services.pool import ModelPool
 from twinkle.server.tinker.codec import ForwardBackwardCall, encode_forward_backward_output
@@ -65,19 +64,26 @@ def sequences_of(call: ForwardBackwardCall) -> list[TargetSequence]:
     ]
 
 
-def check_forward_backward(engine: Engine, call: ForwardBackwardCall) -> None:
-    """Everything about the request that can be checked before it queues (the caller gets a 400 now)."""
+def checked_request(engine: Engine, call: ForwardBackwardCall) -> TargetsRequest:
+    """The call as a request of a shared pass (its sequences, its Tinker loss, which sums over tokens, and its
+    mode), once everything that can be checked before it queues is (the caller gets a 400 now)."""
     if not call.data:
         raise InvalidInputError("forward_backward needs at least one datum")
-    build_loss(call.loss_fn, call.loss_fn_config, call.data)
-    check_sequences(sequences_of(call), engine.vocab_size, engine.max_length, label="data")
-
-
-def forward_backward(pool: ModelPool, run_id: str, call: ForwardBackwardCall) -> bytes:
     loss_fn = build_loss(call.loss_fn, call.loss_fn_config, call.data)
-    output = pool.model.forward_backward_targets(
-        sequences_of(call), loss_fn, adapter_name=run_id, backward=not call.forward_only
-    )
+    sequences = sequences_of(call)
+    check_sequences(sequences, engine.vocab_size, engine.max_length, label="data")
+    return TargetsRequest(call.model_id, sequences, loss_fn, backward=not call.forward_only)
+
+
+def forward_backward(pool: ModelPool, request: TargetsRequest) -> TargetsOutput:
+    """The call alone (a shared pass of one)."""
+    output = pool.forward_backward_many([request])[0].unwrap()
+    assert isinstance(output, TargetsOutput)
+    return output
+
+
+def encode_output(output: TargetsOutput) -> bytes:
+    """The reply to ``retrieve_future``: per-datum log-probs and the loss's metrics."""
     logps = [lp.float().numpy() for lp in output.logps]
     return proto_result(encode_forward_backward_output(logps, output.metrics))
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ray import serve
 
-from twinkle.model import AdapterRequest, AdapterResult
+from twinkle.model import AdapterResult, PassRequest
 from twinkle.server.services.engine import Task
 from twinkle.server.services.pool import ModelPool
 
@@ -43,7 +43,7 @@ class ModelReplica:
     async def apply(self, replica_id: str, task: Task) -> Any:
         return await self._run(replica_id, task.apply, self.pool)
 
-    async def forward_backward_many(self, replica_id: str, requests: Sequence[AdapterRequest]) -> list[AdapterResult]:
+    async def forward_backward_many(self, replica_id: str, requests: Sequence[PassRequest]) -> list[AdapterResult]:
         return await self._run(replica_id, self.pool.forward_backward_many, requests)
 
     async def _run(self, replica_id: str, fn: Any, *args: Any) -> Any:

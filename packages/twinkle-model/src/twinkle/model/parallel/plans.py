@@ -13,8 +13,8 @@ Every forward goes through the wrapper (:class:`_Runner`), which is what makes
 DDP sync gradients and FSDP2 gather the shards.
 
 Both wrappers average gradients over the data-parallel ranks; each rank's loss
-is its share of the global batch's loss (see :mod:`twinkle.model.global_batch`),
-so :meth:`Parallelism.backward` scales it by the number of ranks to turn that
+is its share of the global batch's loss (see :mod:`twinkle.model.parallel.global_batch`),
+so :meth:`Parallelism.gradient_share` scales it by the number of ranks to turn that
 average back into the sum.
 """
 
@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from twinkle.errors import ConfigurationError
 from twinkle.infra import DeviceMesh, get_runtime
-from twinkle.model import distributed
+from twinkle.model.parallel import tensors as distributed
 from twinkle.model.train_state import TrainState
 from twinkle.utils import get_logger
 
@@ -75,12 +75,12 @@ class Parallelism:
         """A block that fails on every rank if it fails on one (it must not run collectives)."""
         return nullcontext()
 
-    def backward(self, loss: torch.Tensor, gradient_accumulation_steps: int) -> None:
-        """Back-propagate this rank's share of the loss so synced gradients are the global batch's.
+    def gradient_share(self, loss: torch.Tensor, gradient_accumulation_steps: int) -> torch.Tensor:
+        """The loss to back-propagate for this rank's share, so synced gradients are the global batch's.
 
         Dividing by ``steps / ranks`` rather than multiplying keeps the one-process numbers bit for bit.
         """
-        (loss / (gradient_accumulation_steps / self.data_world_size)).backward()
+        return loss / (gradient_accumulation_steps / self.data_world_size)
 
 
 class DataParallel(Parallelism):

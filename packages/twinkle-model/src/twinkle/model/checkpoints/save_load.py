@@ -1,6 +1,6 @@
 """Saving, loading and resuming ``TransformersModel`` checkpoints.
 
-Layout of ``<output_dir>/<name>/`` (written atomically, see :mod:`checkpoint_io`):
+Layout of ``<output_dir>/<name>/`` (written atomically, see :mod:`.files`):
 
 - LoRA: ``adapter_config.json`` + ``adapter_model.safetensors`` (PEFT format);
   full model: a transformers directory (config, safetensors, tokenizer files);
@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 
 from twinkle.errors import ConfigurationError, ResourceNotFoundError
 from twinkle.model import peft_adapters
-from twinkle.model.checkpoint_io import (
+from twinkle.model.checkpoints.files import (
     OPTIMIZER_FILE,
     RNG_FILE,
     STATE_FILE,
@@ -36,7 +36,7 @@ from twinkle.model.checkpoint_io import (
     restore_rng_state,
     write_json,
 )
-from twinkle.model.distributed import full_tensors, shard_optimizer_state
+from twinkle.model.parallel import full_tensors, shard_optimizer_state
 from twinkle.model.train_state import TrainState
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def save(
         raise ConfigurationError(f"checkpoint name must be a plain directory name, got {name!r}")
     final = Path(output_dir or os.environ.get("TWINKLE_OUTPUT_DIR", DEFAULT_OUTPUT_DIR)) / name
     # Every rank gathers (FSDP shards are all-gathered); only the writer writes.
-    tensors = full_tensors(owner._adapter_state_dict(state) if state.is_adapter else owner.model.state_dict())
+    tensors = full_tensors(owner.adapter_state_dict(state) if state.is_adapter else owner.model.state_dict())
     optimizer_state = None
     if save_optimizer and state.optimizer is not None:
         optimizer_state = full_tensors(
@@ -86,7 +86,7 @@ def _write(
 ) -> None:
     with atomic_directory(final) as tmp:
         if state.is_adapter:
-            owner._write_adapter(state, tmp, tensors)
+            owner.write_adapter_files(state, tmp, tensors)
         else:
             owner.model.save_pretrained(str(tmp), state_dict=tensors, safe_serialization=True)
             _copy_tokenizer_files(Path(owner.model_path), tmp)
@@ -125,11 +125,11 @@ def load_weights(owner: TrainingModel, path: Path, adapter_name: str | None, loa
     if name is None:
         _load_full_weights(owner.model, path)
     elif name in owner.adapter_names:
-        owner._load_adapter_weights(name, path)
+        owner.load_adapter_weights(name, path)
     else:
         gradient_accumulation = meta.get("counters", {}).get("gradient_accumulation_steps", 1)
         owner.add_adapter_to_model(name, path, gradient_accumulation_steps=gradient_accumulation)
-    state = owner._state(name)
+    state = owner.train_state(name)
     if optimizer_state is not None:
         optimizer = state.require_optimizer()
         optimizer.load_state_dict(shard_optimizer_state(optimizer_state["optimizer"], optimizer))
@@ -162,7 +162,7 @@ def _read_optimizer_state(owner: TrainingModel, path: Path, name: str | None) ->
         raise ConfigurationError(
             f"add adapter {name!r} and call set_optimizer(...) before loading its optimizer state from {path}"
         )
-    state = owner._state(name)
+    state = owner.train_state(name)
     state.require_optimizer()
     saved = torch.load(path / OPTIMIZER_FILE, weights_only=False)
     if saved["lr_scheduler"] is not None and state.lr_scheduler is None:

@@ -8,7 +8,7 @@ the one-process loss (and gradient) of the whole batch. So:
 
 - :func:`global_denominator` all-reduces the loss's normaliser (and the sample
   count, for losses that average over their own samples);
-- the wrappers average gradients over ranks, which ``Parallelism.backward``
+- the wrappers average gradients over ranks, which ``Parallelism.gradient_share``
   undoes by scaling each share by the number of ranks;
 - :func:`record_call` sums the ranks' figures (their losses, token counts)
   so the returned loss and every metric describe the global batch.
@@ -31,8 +31,8 @@ import torch
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.infra import get_runtime
 from twinkle.interfaces import Loss
-from twinkle.model.data_parallel import Parallelism
-from twinkle.model.token_logps import TokenLogpsResult
+from twinkle.model.parallel.plans import Parallelism
+from twinkle.model.passes.logps import TokenLogpsResult
 from twinkle.model.training_metric import TrainingMetric, is_maximum
 
 Collate = Callable[[list[Any]], Mapping[str, torch.Tensor]]

@@ -1,17 +1,13 @@
-"""Turning a call's ``inputs`` into validated features and collated batches, and keeping gradients safe.
+"""Turning a call's ``inputs`` (features, or trajectories for the adapter's template) into validated features.
 
 Everything that can be wrong with the inputs is checked before the first
-forward, so a bad request never half-applies: see :class:`GradGuard` for the
-errors that can only show up later (a non-finite loss).
+forward, so a bad request never half-applies.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from types import TracebackType
 from typing import Any
-
-import torch
 
 from twinkle.data_format import InputFeature, validate_input_feature
 from twinkle.errors import ConfigurationError, InvalidInputError
@@ -19,7 +15,7 @@ from twinkle.model.train_state import TrainState
 
 
 class BatchPreparer:
-    """Validates inputs against the model's vocabulary and collates them with an adapter's processor."""
+    """Validates inputs against the model's vocabulary (trajectories are encoded with the adapter's template)."""
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
@@ -40,11 +36,6 @@ class BatchPreparer:
         return features
 
     @staticmethod
-    def collate(state: TrainState, features: list[InputFeature]) -> dict[str, torch.Tensor]:
-        """Collate features already checked by :meth:`features`."""
-        return state.processor(features)
-
-    @staticmethod
     def _encode(state: TrainState, trajectory: Mapping[str, Any], index: int) -> InputFeature:
         if state.template is None:
             raise ConfigurationError(f"inputs[{index}] is a trajectory; call set_template(...) so it can be encoded")
@@ -52,31 +43,3 @@ class BatchPreparer:
         if feature is None:
             raise InvalidInputError(f"inputs[{index}] was dropped by the template's truncation strategy")
         return feature
-
-
-class GradGuard:
-    """Restores parameters' gradients if the guarded block raises (no half-applied step)."""
-
-    def __init__(self, params: Sequence[torch.nn.Parameter]) -> None:
-        self.params = params
-        self.saved: list[torch.Tensor | None] = []
-
-    def __enter__(self) -> GradGuard:
-        return self.save()
-
-    def save(self) -> GradGuard:
-        """Remember the current gradients (copies: later backwards accumulate in place)."""
-        self.saved = [None if p.grad is None else p.grad.clone() for p in self.params]
-        return self
-
-    def restore(self) -> None:
-        """Put back the gradients saved on entry."""
-        for param, grad in zip(self.params, self.saved, strict=True):
-            param.grad = grad
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc_type is not None:
-            self.restore()
-        self.saved = []

@@ -1,0 +1,227 @@
+"""The pass engine: any mix of requests, from one adapter or many, in one forward and one backward per pass.
+
+Every training call goes through :meth:`PassEngine.run`: ``forward_backward``
+and ``forward_only`` (one :class:`LossPlan`), ``forward_backward_targets``
+(one :class:`TargetsPlan`) and ``MultiLoraModel.forward_backward_many``
+(several plans, any kinds). A plan's rows are cut into micro-batches as it
+would be cut alone; chunks are packed whole into passes of at most
+``micro_batch_size`` rows. A pass forwards its rows once, each row with its
+own adapter (``route``), computes every plan's loss on its own rows, and
+back-propagates their sum once: adapters share no trainable tensor and rows
+do not interact, so each adapter gets exactly its own gradient.
+
+A plan that fails (its loss raising or not finite) is dropped from the sum and
+its adapter's gradients are put back as they were; the others go on.
+Evaluation plans (``forward_only``, targets without backward) run in their own
+passes, in eval mode and without autograd: dropout is per model, not per row.
+
+Under data parallelism (one plan per call) every forward runs through
+``parallel.run`` and every collective happens in the same order on every rank.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import torch
+
+from twinkle.model.parallel import Parallelism
+from twinkle.model.passes.logps import (
+    TokenLogpsResult,
+    decoder_hidden,
+    label_logps,
+    target_row_logps,
+)
+from twinkle.model.passes.loss_inputs import check_micro_batch_size
+from twinkle.model.passes.plans import Plan, RowsView
+from twinkle.model.precision import MixedPrecision, autocast
+from twinkle.processor import InputProcessor, select_rows
+
+# Routes a pass's rows to adapters: the adapter name (None: none) of every row, for the block's forwards.
+RowRouter = Callable[[Sequence[str | None]], AbstractContextManager[Any]]
+
+
+class PassHost(Protocol):
+    """What the engine uses of the model that owns it (a ``TrainingModel``)."""
+
+    model: Any  # the transformers causal LM, possibly PEFT-wrapped (it may be replaced when adapters are added)
+    device: torch.device
+    parallel: Parallelism
+    mixed_precision: MixedPrecision
+    logps_chunk_size: int
+    pad_token_id: int
+
+
+class PassEngine:
+    """Runs plans in shared passes over ``host.model``; ``route`` gives each row its adapter."""
+
+    def __init__(self, host: PassHost, route: RowRouter) -> None:
+        self.host, self.route = host, route
+
+    def run(self, plans: Sequence[Plan], micro_batch_size: int | None = None) -> None:
+        """Run every plan (each one's result gets its output or error). Training plans first, then evaluation."""
+        check_micro_batch_size(micro_batch_size)
+        training = [plan for plan in plans if plan.train]
+        evaluating = [plan for plan in plans if not plan.train]
+        if training:
+            self._run_group(training, micro_batch_size)
+        if evaluating:
+            model = self.host.model
+            model.eval()
+            try:
+                with torch.no_grad():
+                    self._run_group(evaluating, None)
+            finally:
+                model.train()
+
+    def label_logps(
+        self, adapter: str | None, batch: dict[str, torch.Tensor], return_logits: bool = False
+    ) -> TokenLogpsResult:
+        """One adapter's label log-probs of ``batch`` (autograd as the caller's mode has it): the step API's forward."""
+        rows = batch["input_ids"].shape[0]
+        with self._autocast(), self.route([adapter] * rows):
+            labels, _ = self.host.parallel.run(
+                self._forward, self.host.model, self._on_device(batch), {}, True, return_logits
+            )
+        assert labels is not None
+        return labels
+
+    # ------------------------------------------------------------------ passes
+
+    def _run_group(self, plans: list[Plan], micro_batch_size: int | None) -> None:
+        for plan in plans:
+            if plan.train:
+                plan.guard.save()
+        start = time.perf_counter()
+        for part in _passes(plans, micro_batch_size):
+            part = [(plan, first, count) for plan, first, count in part if not plan.failed]
+            if part:
+                self._pass(part)
+        elapsed = time.perf_counter() - start
+        total_tokens = sum(plan.token_count for plan in plans) or 1
+        for plan in plans:
+            if plan.failed:
+                if plan.train:
+                    plan.guard.restore()
+                continue
+            if plan.train:
+                plan.state.accumulated += 1
+            try:  # each plan is charged its share of the passes' time
+                plan.finish(elapsed * plan.token_count / total_tokens, self.host.parallel)
+            except Exception as exc:
+                plan.fail(exc)
+        for plan in plans:
+            plan.guard.saved = []
+
+    def _pass(self, part: list[tuple[Plan, int, int]]) -> None:
+        """Forward the rows of ``part`` once, then back-propagate the sum of their plans' losses."""
+        host = self.host
+        batch, spans = self._batch(part)
+        target_rows = {
+            spans[index][0] + offset: sequence
+            for index, (plan, first, count) in enumerate(part)
+            for offset, sequence in enumerate(plan.target_rows(first, count))
+        }
+        return_logits = any(plan.return_logits for plan, _, _ in part)
+        adapters = [plan.state.name if plan.state.is_adapter else None for plan, _, _ in part]
+        row_adapters = [name for name, (_, length) in zip(adapters, spans, strict=True) for _ in range(length)]
+        reads_labels = any(plan.reads_labels for plan, _, _ in part)
+        try:
+            # Loss and backward stay within the routing: checkpointed chunks recompute their forward there.
+            with self.route(row_adapters):
+                with self._autocast():
+                    labels, targets = host.parallel.run(
+                        self._forward, host.model, self._on_device(batch), target_rows, reads_labels, return_logits
+                    )
+                total = self._total_loss(part, batch, spans, labels, targets)
+                if total is not None:
+                    total.backward()
+        except Exception as exc:  # the pass itself failed: every plan in it reports it
+            for plan, _, _ in part:
+                plan.fail(exc)
+
+    def _total_loss(
+        self,
+        part: list[tuple[Plan, int, int]],
+        batch: dict[str, torch.Tensor],
+        spans: list[tuple[int, int]],
+        labels: TokenLogpsResult | None,
+        targets: dict[int, torch.Tensor],
+    ) -> torch.Tensor | None:
+        parallel = self.host.parallel
+        total: torch.Tensor | None = None
+        shared = len(part) > 1
+        for (plan, first, count), (start, length) in zip(part, spans, strict=True):
+            rows = torch.arange(start, start + length)
+            view = RowsView(
+                first,
+                count,
+                select_rows(batch, rows) if shared else batch,
+                None if labels is None else (labels.rows(rows.to(labels.logps_BT.device)) if shared else labels),
+                [targets[row] for row in range(start, start + length) if row in targets],
+            )
+            try:
+                loss = plan.loss(view, parallel)
+            except Exception as exc:  # reported to this plan only
+                plan.fail(exc)
+                continue
+            if loss is not None and plan.train:
+                share = parallel.gradient_share(loss, plan.state.gradient_accumulation_steps)
+                total = share if total is None else total + share
+        return total
+
+    def _batch(self, part: list[tuple[Plan, int, int]]) -> tuple[dict[str, torch.Tensor], list[tuple[int, int]]]:
+        """The pass's batch and each entry's ``(first row, rows)`` in it.
+
+        A pass of one request collates it as it would be alone (its own
+        processor: packed, left-padded...); several share one right-padded batch.
+        """
+        if len(part) == 1:
+            plan, first, count = part[0]
+            batch = plan.own_batch(first, count)
+            return batch, [(0, int(batch["input_ids"].shape[0]))]
+        features = [feature for plan, first, count in part for feature in plan.shared_features(first, count)]
+        batch = InputProcessor(padding_side="right", pad_token_id=self.host.pad_token_id)(features)
+        spans, start = [], 0
+        for _, _, count in part:
+            spans.append((start, count))
+            start += count
+        return batch, spans
+
+    def _forward(
+        self,
+        model: Any,
+        batch: dict[str, torch.Tensor],
+        target_rows: dict[int, Any],
+        reads_labels: bool,
+        return_logits: bool,
+    ) -> tuple[TokenLogpsResult | None, dict[int, torch.Tensor]]:
+        """The decoder once, then the output layer on the positions that predict labels or targets."""
+        hidden_BTH = decoder_hidden(model, batch)
+        chunk_size = self.host.logps_chunk_size
+        labels = label_logps(model, hidden_BTH, batch, chunk_size, return_logits) if reads_labels else None
+        targets = target_row_logps(model, hidden_BTH, target_rows, chunk_size) if target_rows else {}
+        return labels, targets
+
+    def _on_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {name: tensor.to(self.host.device) for name, tensor in batch.items()}
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        return autocast(self.host.device.type, self.host.mixed_precision)
+
+
+def _passes(plans: list[Plan], micro_batch_size: int | None) -> list[list[tuple[Plan, int, int]]]:
+    """Plans' chunks packed whole, in order, into passes of at most ``micro_batch_size`` rows (one pass if None)."""
+    passes: list[list[tuple[Plan, int, int]]] = [[]]
+    rows = 0
+    for plan in plans:
+        for first, count in plan.chunks(micro_batch_size):
+            if passes[-1] and micro_batch_size is not None and rows + count > micro_batch_size:
+                passes.append([])
+                rows = 0
+            passes[-1].append((plan, first, count))
+            rows += count
+    return passes
