@@ -105,11 +105,13 @@ def check_loopback_only(server: Server) -> None:
 @contextlib.contextmanager
 def started_servers(root: Path, args: argparse.Namespace) -> Iterator[dict[str, Server]]:
     """Both servers, started together; stopped when the block ends, whatever happens in it."""
-    users = {"bench": f"tml-{secrets.token_hex(16)}"} | {f"tenant{i}": f"tml-{secrets.token_hex(16)}" for i in range(8)}
+    tenants = [f"{kind}{i}" for kind in ("native", "tinker") for i in range(8)]
+    users = {user: f"tml-{secrets.token_hex(16)}" for user in ("bench", *tenants)}
+    slots = {"max_loras": len(tenants)}  # every tenant's adapter stays resident (part (1)'s is freed first)
     servers: dict[str, Server] = {}
     try:
-        servers["batched"] = Server("batched", root, users, args.threads)
-        servers["one-at-a-time"] = Server("one-at-a-time", root, users, args.threads, max_tokens_per_pass=0)
+        servers["batched"] = Server("batched", root, users, args.threads, **slots)
+        servers["one-at-a-time"] = Server("one-at-a-time", root, users, args.threads, max_tokens_per_pass=0, **slots)
         for server in servers.values():
             server.wait_ready()
             check_loopback_only(server)

@@ -37,6 +37,7 @@ def test_defaults(monkeypatch, tmp_path):
     assert config.checkpoint_dir == config.state_dir / "checkpoints"
     assert (config.max_loras, config.max_rank, config.session_timeout_s) == (8, 64, 120.0)
     assert config.max_tokens_per_pass == 32768 and config.checkpoint_sweep_interval_s == 60.0
+    assert config.cycle_wait_s == 0.05
     assert config.quotas == Quotas(max_adapters=4, max_rank=64, max_tokens_per_request=65536, requests_per_second=50.0)
     assert config.users == {} and config.api_keys() == {}
 
@@ -89,6 +90,11 @@ def test_max_tokens_per_pass_zero_means_never_batch(tmp_path):
     assert load_config(_write(tmp_path, "max_tokens_per_pass: 4096\n")).max_tokens_per_pass == 4096
 
 
+def test_cycle_wait_accepts_zero_and_whole_seconds(tmp_path):
+    assert load_config(_write(tmp_path, "cycle_wait_s: 0\n")).cycle_wait_s == 0
+    assert load_config(_write(tmp_path, "cycle_wait_s: 1\n")).cycle_wait_s == 1.0
+
+
 def test_direct_construction_derives_paths(tmp_path):
     config = ServerConfig(state_dir=tmp_path, database=tmp_path / "x.db")
     assert config.database == tmp_path / "x.db" and config.checkpoint_dir == tmp_path / "checkpoints"
@@ -107,6 +113,8 @@ def test_direct_construction_derives_paths(tmp_path):
         ("checkpoint_sweep_interval_s: 0", "checkpoint_sweep_interval_s: must be positive, got 0"),
         ("max_tokens_per_pass: -1", "max_tokens_per_pass: must be >= 0 (0 never batches tenants together), got -1"),
         ("max_tokens_per_pass: 1.5", "max_tokens_per_pass: expected int, got float (1.5)"),
+        ("cycle_wait_s: -0.5", "cycle_wait_s: must be >= 0 (0 never waits for a pass to fill), got -0.5"),
+        ("cycle_wait_s: soon", "cycle_wait_s: expected float, got str ('soon')"),
         ("host: ''", "host: must not be empty"),
         ("quotas: {max_rnk: 8}", "quotas.max_rnk: unknown key (did you mean 'quotas.max_rank'?)"),
         ("quotas: {max_adapters: 1.5}", "quotas.max_adapters: expected int, got float (1.5)"),

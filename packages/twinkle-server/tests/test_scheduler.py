@@ -1,12 +1,24 @@
-"""The scheduler keeps each run's order, batches tenants' training steps, and is fair to small tenants."""
+"""The scheduler keeps each run's order, trains tenants in lock-step cycles of shared passes, and is fair."""
 
 from __future__ import annotations
 
+import random
 import threading
+import time
+from dataclasses import dataclass
 from types import SimpleNamespace
 
-from twinkle.model import AdapterRequest
+import pytest
+
 from twinkle.server.services.scheduler import Job, Scheduler
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a shared job hands to ``run_shared`` (the scheduler treats it as opaque)."""
+
+    run: str
+    step: int
 
 
 class Recorder:
@@ -14,15 +26,14 @@ class Recorder:
 
     def __init__(self) -> None:
         self.passes: list[list[str]] = []
-        self.singles: list[str] = []
 
-    def run_shared(self, requests):
-        self.passes.append([request.adapter_name + ":" + str(request.inputs) for request in requests])
-        return [SimpleNamespace(output=request.inputs, error=None) for request in requests]
+    def run_shared(self, requests: list[Request]) -> list[SimpleNamespace]:
+        self.passes.append([f"{request.run}:{request.step}" for request in requests])
+        return [SimpleNamespace(output=request.step, error=None) for request in requests]
 
 
-def _shared(run: str, step: int, tokens: int = 10) -> Job:
-    return Job(run, lambda: None, lambda result, error: None, shared=AdapterRequest(run, step), tokens=tokens)
+def _shared(run: str, step: int, tokens: int = 10, on_done=lambda result, error: None) -> Job:
+    return Job(run, lambda: None, on_done, shared=Request(run, step), tokens=tokens)
 
 
 def _blocked_scheduler(run_shared, **kwargs) -> tuple[Scheduler, threading.Event]:
@@ -34,9 +45,21 @@ def _blocked_scheduler(run_shared, **kwargs) -> tuple[Scheduler, threading.Event
     return scheduler, gate
 
 
-def _drain(scheduler: Scheduler) -> None:
-    scheduler.call("drain", lambda: None, timeout=30)
+def _drain(scheduler: Scheduler, runs) -> None:
+    """Wait until every job queued so far on ``runs`` is done (each run's queue is FIFO), then stop."""
+    for run in runs:
+        scheduler.call(run, lambda: None, timeout=30)
     scheduler.stop()
+
+
+def _train(scheduler: Scheduler, run: str, step: int) -> int:
+    """Submit one shared training call and wait for its result, as a tenant's forward_backward does."""
+    done, box = threading.Event(), []
+    scheduler.submit(_shared(run, step, on_done=lambda result, error: (box.append((result, error)), done.set())))
+    assert done.wait(30), f"{run}:{step} was never trained"
+    result, error = box[0]
+    assert error is None
+    return result
 
 
 def test_training_steps_of_different_tenants_share_a_pass_in_each_tenants_order():
@@ -46,8 +69,132 @@ def test_training_steps_of_different_tenants_share_a_pass_in_each_tenants_order(
         for run in ("a", "b", "c"):
             scheduler.submit(_shared(run, step))
     gate.set()
-    _drain(scheduler)
+    _drain(scheduler, "abc")
     assert recorder.passes == [[f"{run}:{step}" for run in "abc"] for step in range(3)]
+
+
+def test_tenants_stepping_between_training_calls_stay_in_step_and_fill_every_pass():
+    """4 tenants alternate a training call and an optimizer step, each waiting for its answers and pausing at
+    random as a client between round trips does: every pass holds all 4, at the same step, and the wait for
+    a tenant ends when it is back (far sooner than ``cycle_wait_s``)."""
+    recorder, runs, steps = Recorder(), ("a", "b", "c", "d"), 12
+    scheduler, gate = _blocked_scheduler(recorder.run_shared, cycle_wait_s=5.0)
+    first_submitted = threading.Barrier(len(runs) + 1)
+    optimizer_steps: dict[str, list[int]] = {run: [] for run in runs}
+    failures: list[BaseException] = []
+
+    def tenant(run: str, seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            first = threading.Event()  # the first calls queue behind the gate, so the first pass holds everyone
+            scheduler.submit(_shared(run, 0, on_done=lambda result, error: first.set()))
+            first_submitted.wait()
+            assert first.wait(30)
+            for step in range(steps):
+                if step > 0:
+                    assert _train(scheduler, run, step) == step
+                time.sleep(rng.uniform(0, 0.003))
+                scheduler.call(run, lambda step=step: optimizer_steps[run].append(step), timeout=30)
+                time.sleep(rng.uniform(0, 0.003))
+        except BaseException as error:  # surfaced by the main thread
+            failures.append(error)
+
+    threads = [threading.Thread(target=tenant, args=(run, seed)) for seed, run in enumerate(runs)]
+    for thread in threads:
+        thread.start()
+    first_submitted.wait()
+    started = time.monotonic()
+    gate.set()
+    for thread in threads:
+        thread.join(60)
+    elapsed = time.monotonic() - started
+    _drain(scheduler, runs)
+    assert failures == []
+    assert [sorted(shared_pass) for shared_pass in recorder.passes] == [
+        [f"{run}:{step}" for run in runs] for step in range(steps)
+    ]
+    assert optimizer_steps == {run: list(range(steps)) for run in runs}
+    assert elapsed < 4.0, f"{steps} cycles took {elapsed:.1f} s: the waits did not end when the tenants were back"
+
+
+def test_a_tenant_training_alone_never_waits():
+    recorder, waits = Recorder(), []
+
+    def observe(event: str, job: Job, seconds: float) -> None:
+        if event == "start" and job.shared is not None:
+            waits.append(seconds)
+
+    scheduler = Scheduler(recorder.run_shared, cycle_wait_s=5.0, observe=observe)
+    scheduler.call("sampler", lambda: None, timeout=30)  # a run that never trains is nobody to wait for
+    started = time.monotonic()
+    for step in range(3):
+        assert _train(scheduler, "solo", step) == step
+        scheduler.call("solo", lambda: None, timeout=30)  # its optimizer step
+    elapsed = time.monotonic() - started
+    _drain(scheduler, ["solo"])
+    assert recorder.passes == [["solo:0"], ["solo:1"], ["solo:2"]]
+    assert elapsed < 2.0 and max(waits) < 1.0, f"alone, 3 steps took {elapsed:.2f} s (waits {waits})"
+
+
+def test_a_pass_waits_for_the_tenants_of_recent_passes_until_they_are_back_or_waited_out_once():
+    recorder, waits = Recorder(), {}
+
+    def observe(event: str, job: Job, seconds: float) -> None:
+        if event == "start" and job.shared is not None:
+            waits[f"{job.shared.run}:{job.shared.step}"] = seconds
+
+    scheduler, gate = _blocked_scheduler(recorder.run_shared, cycle_wait_s=1.0, observe=observe)
+    for run in ("a", "b"):
+        scheduler.submit(_shared(run, 0))
+    gate.set()
+    trained = threading.Event()
+    scheduler.submit(_shared("a", 1, on_done=lambda result, error: trained.set()))
+    threading.Timer(0.1, lambda: scheduler.submit(_shared("b", 1))).start()
+    assert trained.wait(30)  # a waited for b, back after 0.1 s
+    assert _train(scheduler, "a", 2) == 2  # b went away: a waits it out once
+    assert _train(scheduler, "a", 3) == 3  # and then no more
+    _drain(scheduler, "ab")
+    assert recorder.passes == [["a:0", "b:0"], ["a:1", "b:1"], ["a:2"], ["a:3"]]
+    assert 0.1 <= waits["a:1"] < 0.9 and waits["a:2"] >= 1.0 and waits["a:3"] < 0.9, waits
+
+
+def test_tenants_resuming_together_after_a_pause_train_in_one_pass():
+    """A pause with no training call queued uses up no wait: the first tenant back waits for the others."""
+    recorder = Recorder()
+    scheduler, gate = _blocked_scheduler(recorder.run_shared, cycle_wait_s=1.0)
+    for run in "abc":
+        scheduler.submit(_shared(run, 0))
+    gate.set()
+    for run in "abc":
+        scheduler.call(run, lambda: None, timeout=30)  # their steps, then a pause
+    time.sleep(0.3)
+    trained = threading.Event()
+    scheduler.submit(_shared("c", 1, on_done=lambda result, error: trained.set()))
+    threading.Timer(0.1, lambda: scheduler.submit(_shared("a", 1))).start()
+    threading.Timer(0.2, lambda: scheduler.submit(_shared("b", 1))).start()
+    assert trained.wait(30)
+    _drain(scheduler, "abc")
+    assert [sorted(shared_pass) for shared_pass in recorder.passes] == [["a:0", "b:0", "c:0"], ["a:1", "b:1", "c:1"]]
+
+
+def test_a_pass_waits_for_one_step_of_a_tenant_not_for_what_it_does_after():
+    """b trained in the last pass, then queued two other calls: the pass waits for b's step, not its next call."""
+    events: list[str] = []
+
+    def run_shared(requests: list[Request]) -> list[SimpleNamespace]:
+        events.append("+".join(f"{request.run}:{request.step}" for request in requests))
+        return [SimpleNamespace(output=None, error=None) for _ in requests]
+
+    scheduler, gate = _blocked_scheduler(run_shared, cycle_wait_s=5.0)
+    for job in (_shared("a", 0), _shared("b", 0), _shared("a", 1)):
+        scheduler.submit(job)
+    for call in ("b:step", "b:sample"):
+        scheduler.submit(Job("b", lambda call=call: events.append(call), lambda result, error: None))
+    started = time.monotonic()
+    gate.set()
+    _drain(scheduler, "ab")
+    assert events == ["a:0+b:0", "b:step", "a:1", "b:sample"]
+    assert time.monotonic() - started < 2.5
 
 
 def test_a_tenant_with_big_batches_does_not_starve_one_with_small_batches():
@@ -58,11 +205,35 @@ def test_a_tenant_with_big_batches_does_not_starve_one_with_small_batches():
     for step in range(4):
         scheduler.submit(_shared("small", step, tokens=5))
     gate.set()
-    _drain(scheduler)
+    _drain(scheduler, ["big", "small"])
     order = [name for shared_pass in recorder.passes for name in shared_pass]
     # Over budget together, so they alternate: small never waits behind more than one big batch.
     assert order == [f"{run}:{step}" for step in range(4) for run in ("big", "small")]
     assert all(len(shared_pass) == 1 for shared_pass in recorder.passes)
+
+
+def test_runs_left_out_by_the_token_budget_go_first_in_the_next_pass():
+    recorder = Recorder()
+    scheduler, gate = _blocked_scheduler(recorder.run_shared, max_tokens_per_pass=100)
+    for step in range(2):
+        for run, tokens in (("a", 60), ("b", 60), ("c", 30)):
+            scheduler.submit(_shared(run, step, tokens=tokens))
+    gate.set()
+    _drain(scheduler, "abc")
+    assert recorder.passes == [["a:0", "c:0"], ["b:0", "c:1"], ["a:1"], ["b:1"]]
+
+
+def test_zero_token_budget_trains_one_request_per_pass_without_waiting():
+    recorder = Recorder()
+    scheduler, gate = _blocked_scheduler(recorder.run_shared, max_tokens_per_pass=0, cycle_wait_s=5.0)
+    for step in range(2):
+        for run in ("a", "b"):
+            scheduler.submit(_shared(run, step))
+    started = time.monotonic()
+    gate.set()
+    _drain(scheduler, "ab")
+    assert recorder.passes == [["a:0"], ["b:0"], ["a:1"], ["b:1"]]
+    assert time.monotonic() - started < 2.0
 
 
 def test_other_calls_keep_their_place_in_the_runs_queue():
@@ -73,17 +244,34 @@ def test_other_calls_keep_their_place_in_the_runs_queue():
     scheduler.submit(_shared("a", 1))
     scheduler.submit(_shared("b", 0))
     gate.set()
-    _drain(scheduler)
+    _drain(scheduler, "ab")
     assert recorder.passes == [["a:0", "b:0"], ["a:1"]]
     assert events == ["a:step"]
 
 
+def test_a_stream_of_training_calls_does_not_hold_back_other_runs_calls():
+    """Each cycle runs the other calls queued after its pass: b's call waits for one pass, not five."""
+    events: list[str] = []
+
+    def run_shared(requests: list[Request]) -> list[SimpleNamespace]:
+        events.extend(f"{request.run}:{request.step}" for request in requests)
+        return [SimpleNamespace(output=None, error=None) for _ in requests]
+
+    scheduler, gate = _blocked_scheduler(run_shared)
+    for step in range(5):
+        scheduler.submit(_shared("a", step))
+    scheduler.submit(Job("b", lambda: events.append("b:save"), lambda result, error: None))
+    gate.set()
+    _drain(scheduler, "ab")
+    assert events == ["a:0", "b:save", "a:1", "a:2", "a:3", "a:4"]
+
+
 def test_results_and_errors_reach_their_own_job():
-    def run_shared(requests):
+    def run_shared(requests: list[Request]) -> list[SimpleNamespace]:
         return [
             SimpleNamespace(output=None, error=ValueError("bad"))
-            if r.adapter_name == "bad"
-            else SimpleNamespace(output=r.inputs * 2, error=None)
+            if r.run == "bad"
+            else SimpleNamespace(output=r.step * 2, error=None)
             for r in requests
         ]
 
@@ -94,11 +282,29 @@ def test_results_and_errors_reach_their_own_job():
         return lambda result, error: outcomes.__setitem__(run, (result, error))
 
     for run in ("good", "bad"):
-        scheduler.submit(Job(run, lambda: None, record(run), shared=AdapterRequest(run, 21)))
+        scheduler.submit(_shared(run, 21, on_done=record(run)))
     gate.set()
-    _drain(scheduler)
+    _drain(scheduler, ["good", "bad"])
     assert outcomes["good"] == (42, None)
     assert isinstance(outcomes["bad"][1], ValueError)
+
+
+def test_a_failed_pass_fails_every_job_in_it_and_the_next_pass_runs():
+    recorder, errors = Recorder(), []
+
+    def run_shared(requests: list[Request]) -> list[SimpleNamespace]:
+        if requests[0].step == 0:
+            raise RuntimeError("out of memory")
+        return recorder.run_shared(requests)
+
+    scheduler, gate = _blocked_scheduler(run_shared)
+    for run in ("a", "b"):
+        scheduler.submit(_shared(run, 0, on_done=lambda result, error: errors.append(str(error))))
+        scheduler.submit(_shared(run, 1))
+    gate.set()
+    _drain(scheduler, "ab")
+    assert errors == ["out of memory", "out of memory"]
+    assert recorder.passes == [["a:1", "b:1"]]
 
 
 def test_stopping_fails_what_is_still_queued():
@@ -109,3 +315,23 @@ def test_stopping_fails_what_is_still_queued():
     threading.Timer(0.2, gate.set).start()
     scheduler.stop()
     assert len(errors) == 1 and "shut down" in str(errors[0])
+
+
+def test_stopping_ends_a_pass_waiting_for_tenants_at_once():
+    recorder, errors = Recorder(), []
+    scheduler, gate = _blocked_scheduler(recorder.run_shared, cycle_wait_s=30.0)
+    for run in ("a", "b"):
+        scheduler.submit(_shared(run, 0))
+    gate.set()
+    scheduler.call("a", lambda: None, timeout=30)  # after the pass of a and b
+    scheduler.submit(_shared("a", 1, on_done=lambda result, error: errors.append(error)))  # waits for b
+    started = time.monotonic()
+    scheduler.stop()
+    assert time.monotonic() - started < 5.0
+    assert recorder.passes == [["a:0", "b:0"]]
+    assert len(errors) == 1 and "shut down" in str(errors[0])
+
+
+def test_negative_options_are_refused():
+    with pytest.raises(ValueError, match="cycle_wait_s must be >= 0"):
+        Scheduler(Recorder().run_shared, cycle_wait_s=-1)

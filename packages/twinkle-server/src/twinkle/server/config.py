@@ -65,6 +65,10 @@ class ServerConfig:
     # together up to this many input tokens (a single call bigger than it still runs, alone). 0 never
     # batches tenants together: every pass trains one request (for comparison, or strict isolation).
     max_tokens_per_pass: int = 32768
+    # How long (idle) a shared pass may wait for the tenants of the last passes to send their next training
+    # call (they are between round trips after their optimizer step), so that passes fill and tenants stay
+    # in step. A tenant training alone never waits; 0 never waits.
+    cycle_wait_s: float = 0.05
     session_timeout_s: float = 120.0
     # How often expired checkpoints (saved with a TTL) are deleted; an expired one is never served meanwhile.
     checkpoint_sweep_interval_s: float = 60.0
@@ -119,6 +123,7 @@ _TOP: dict[str, type] = {
     "max_loras": int,
     "max_rank": int,
     "max_tokens_per_pass": int,
+    "cycle_wait_s": float,
     "session_timeout_s": float,
     "checkpoint_sweep_interval_s": float,
     "tinker_chunk_datums": int,
@@ -208,6 +213,8 @@ def _problems(data: dict[str, Any], base_dir: Path) -> list[str]:
         problems.append(
             f"max_tokens_per_pass: must be >= 0 (0 never batches tenants together), got {merged['max_tokens_per_pass']}"
         )
+    if merged["cycle_wait_s"] < 0:
+        problems.append(f"cycle_wait_s: must be >= 0 (0 never waits for a pass to fill), got {merged['cycle_wait_s']}")
     problems += _quota_problems(data.get("quotas") or {}, "quotas", merged["max_rank"])
     owners: dict[str, str] = {}
     for name, user in (data.get("users") or {}).items():

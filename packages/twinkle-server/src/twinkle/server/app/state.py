@@ -62,6 +62,7 @@ class ServerState:
             scheduler = Scheduler(
                 pool.forward_backward_many,
                 max_tokens_per_pass=config.max_tokens_per_pass,
+                cycle_wait_s=config.cycle_wait_s,
                 observe=telemetry.observe_job,
                 on_pass=telemetry.observe_pass,
             )

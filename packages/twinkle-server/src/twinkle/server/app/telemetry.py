@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from twinkle.server.services.futures import api_of
+
 if TYPE_CHECKING:
     from twinkle.server.services.engine import Engine
     from twinkle.server.services.scheduler import Job
@@ -44,6 +46,12 @@ class Telemetry:
             buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
             registry=self.registry,
         )
+        self.shared_calls = Counter(
+            "twinkle_shared_pass_calls",
+            "Calls trained in a shared pass together with other tenants' calls, by API",
+            ["api"],
+            registry=self.registry,
+        )
         self.queue_depth = Gauge("twinkle_queue_depth", "Calls waiting in the scheduler", registry=self.registry)
 
     def bind_engine(self, engine: Engine) -> None:
@@ -61,8 +69,11 @@ class Telemetry:
             if job.tokens:
                 self.tokens.labels(user).inc(job.tokens)
 
-    def observe_pass(self, requests: int) -> None:
-        self.pass_requests.observe(requests)
+    def observe_pass(self, jobs: list[Job]) -> None:
+        self.pass_requests.observe(len(jobs))
+        if len(jobs) > 1:
+            for job in jobs:
+                self.shared_calls.labels(api_of(job.labels[1]) or "twinkle").inc()
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), "text/plain; version=0.0.4; charset=utf-8"

@@ -1,13 +1,27 @@
-"""The scheduler: one worker thread runs every tenant's calls, batching training steps across tenants.
+"""The scheduler: one worker thread runs every tenant's calls in clock cycles, batching training across tenants.
 
 Each run has a FIFO queue, so a tenant's calls run in the order sent. The
-worker serves runs round-robin. When the run whose turn it is has a
-``forward_backward`` at the head of its queue, the heads of the other runs
-that are also ``forward_backward`` calls join it in one shared pass
-(``MultiLoraModel.forward_backward_many``), up to a token budget
-(``max_tokens_per_pass``; 0 never batches: each pass takes one request); runs
-left out go first next time. A run may only ever contribute one request per pass,
-so a tenant sending big batches cannot crowd out one sending small ones.
+worker runs in cycles, as Tinker's own service does:
+
+1. **Pass.** The runs whose queue head is a shareable training call (a
+   :class:`Job` with ``shared`` set, e.g. ``forward_backward``) train in one
+   shared pass (``run_shared``), up to a token budget (``max_tokens_per_pass``;
+   0 never batches: each pass takes one request). A run contributes at most one
+   request per pass, so a tenant sending big batches cannot crowd out one
+   sending small ones; runs left out by the budget go first in the next cycle.
+2. **Steps.** Then every run whose head is another call (an optimizer step,
+   ``save``, ...) runs that call, one per run, in turn.
+
+Tenants send their next training call only once their step is answered, so a
+pass could start before they are back. When a pass is about to start and runs
+of recent passes have no training call queued yet, the pass waits for them: the
+worker runs their next calls (their optimizer steps) meanwhile, and starts as
+soon as they all have a training call queued, or once it has waited with
+nothing to run for ``cycle_wait_s`` (each run is waited for that long at most
+until it trains again, so a tenant gone away costs one wait). A run whose second
+call since its pass is not a training call is doing something else: no pass
+waits for it. A run training alone never waits: there is no other run to wait
+for.
 """
 
 from __future__ import annotations
@@ -19,7 +33,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from twinkle.model import AdapterRequest
 from twinkle.utils import get_logger
 
 logger = get_logger(__name__)
@@ -29,33 +42,60 @@ SHARED_METHOD = "forward_backward"
 
 @dataclass
 class Job:
-    """One call: ``run()`` executes it alone; a ``forward_backward`` job can also join a shared pass."""
+    """One call: ``run()`` executes it alone; a job with ``shared`` set joins a shared pass instead."""
 
     queue_key: str
     run: Callable[[], Any]
     on_done: Callable[[Any, BaseException | None], None]
-    shared: AdapterRequest | None = None  # set when the job may be batched with other tenants
+    # The request handed to ``run_shared`` (e.g. an ``AdapterRequest``); set when the job may be batched.
+    shared: Any = None
     tokens: int = 0
     labels: tuple[str, str] = ("", "")  # (user, method), for metrics
     submitted_at: float = field(default_factory=time.monotonic)
 
 
+@dataclass
+class _Expected:
+    """A run of a recent pass, expected back with its next training call."""
+
+    calls: int = 0  # its other calls run since its pass
+    waited: float = 0.0  # idle seconds passes have waited for it since
+
+    def on_the_way(self, queued: bool) -> bool:
+        """Still on its way, with no training call queued: before its step (queued, or not sent yet), or on
+        the round trip after it; after a second other call it is doing something else."""
+        return self.calls == 0 or (self.calls == 1 and not queued)
+
+
 class Scheduler:
-    """Runs :class:`Job` s on one worker thread; ``run_shared(requests)`` executes a shared pass."""
+    """Runs :class:`Job` s on one worker thread.
+
+    ``run_shared(requests)`` executes a shared pass and returns one result per
+    request, each with ``output`` and ``error``.
+    """
 
     def __init__(
         self,
-        run_shared: Callable[[list[AdapterRequest]], list[Any]],
+        run_shared: Callable[[list[Any]], list[Any]],
         max_tokens_per_pass: int = 32768,
         observe: Callable[[str, Job, float], None] | None = None,
-        on_pass: Callable[[int], None] | None = None,
+        on_pass: Callable[[list[Job]], None] | None = None,
+        cycle_wait_s: float = 0.05,
     ) -> None:
+        if max_tokens_per_pass < 0 or cycle_wait_s < 0:
+            raise ValueError(
+                f"max_tokens_per_pass and cycle_wait_s must be >= 0, got {max_tokens_per_pass} and {cycle_wait_s}"
+            )
         self._run_shared = run_shared
         self.max_tokens_per_pass = max_tokens_per_pass
+        self.cycle_wait_s = cycle_wait_s
         self._observe = observe or (lambda event, job, seconds: None)
-        self._on_pass = on_pass or (lambda requests: None)
+        self._on_pass = on_pass or (lambda jobs: None)
         self._queues: dict[str, deque[Job]] = {}
-        self._turn: deque[str] = deque()  # queue keys in round-robin order
+        self._turn: deque[str] = deque()  # keys of runs with queued jobs, in the order they are served
+        self._stepping: deque[str] = deque()  # runs whose head call runs in the current step phase
+        self._step_due = False  # a pass just ran: its step phase comes next
+        self._expected: dict[str, _Expected] = {}  # runs of recent passes that a pass may wait for
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="twinkle-scheduler", daemon=True)
@@ -102,29 +142,89 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._turn and not self._stopping:
-                    self._cond.wait()
-                if self._stopping:
+                jobs = self._next_jobs()
+                if jobs is None:
                     self._fail_pending()
                     return
-                batch = self._next_batch()
-            self._execute(batch)
+            if jobs[0].shared is None:
+                self._run_alone(jobs[0])
+            else:
+                self._run_pass(jobs)
 
-    def _next_batch(self) -> list[Job]:
-        """Pop the jobs to run next (called with the lock held)."""
-        key = self._turn[0]
-        head = self._queues[key][0]
-        if head.shared is None or self.max_tokens_per_pass == 0:  # 0: tenants never share a pass
-            return [self._pop(key)]
-        batch: list[Job] = []
-        tokens = 0
-        for other in list(self._turn):
-            job = self._queues[other][0]
-            if job.shared is None or (batch and tokens + job.tokens > self.max_tokens_per_pass):
+    def _next_jobs(self) -> list[Job] | None:
+        """Wait for and pop what runs next: one call alone, or a shared pass; None once stopping (lock held)."""
+        while not self._stopping:
+            if self._step_due:  # the pass is done: the cycle's step phase takes the heads there are now
+                self._step_due = False
+                self._stepping.extend(self._waiting_keys(shared=False))
+            if self._stepping:
+                key = self._stepping.popleft()
+                if key in self._expected:
+                    self._expected[key].calls += 1
+                return [self._pop(key)]
+            shared = self._waiting_keys(shared=True)
+            batch = self._fill_pass(shared)
+            if batch:
+                awaited = self._awaited(shared, batch)
+                if not awaited:
+                    self._passed(batch)
+                    return [self._pop(key) for key in batch]
+                self._stepping.extend(key for key in awaited if key in self._queues)  # their steps
+                if not self._stepping:
+                    started = time.monotonic()
+                    self._cond.wait(min(self.cycle_wait_s - self._expected[key].waited for key in awaited))
+                    for key in awaited:
+                        self._expected[key].waited += time.monotonic() - started
                 continue
-            batch.append(self._pop(other))
-            tokens += job.tokens
+            others = self._waiting_keys(shared=False)
+            if others:  # no training call queued: the other calls run
+                self._stepping.extend(others)
+                continue
+            self._cond.wait()
+        return None
+
+    def _waiting_keys(self, shared: bool) -> list[str]:
+        """The runs, in turn order, whose head job is (``shared``) or is not a shareable training call."""
+        return [key for key in self._turn if (self._queues[key][0].shared is not None) == shared]
+
+    def _fill_pass(self, shared: list[str]) -> list[str]:
+        """The runs of the next pass: the first shareable head, then each other that fits the token budget."""
+        if not shared or self.max_tokens_per_pass == 0:  # 0: tenants never share a pass
+            return shared[:1]
+        batch: list[str] = []
+        tokens = 0
+        for key in shared:
+            job_tokens = self._queues[key][0].tokens
+            if not batch or tokens + job_tokens <= self.max_tokens_per_pass:
+                batch.append(key)
+                tokens += job_tokens
         return batch
+
+    def _awaited(self, shared: list[str], batch: list[str]) -> list[str]:
+        """The runs of recent passes that the coming pass waits for, while it has room: those with no training
+        call queued that are on their way to one (their step queued or running, or a round trip after it)
+        and have not been waited for ``cycle_wait_s`` yet."""
+        if len(batch) < len(shared):  # full: waiting adds nobody
+            return []
+        ready = set(shared)
+        return [
+            key
+            for key, expected in self._expected.items()
+            if key not in ready and expected.waited < self.cycle_wait_s and expected.on_the_way(key in self._queues)
+        ]
+
+    def _passed(self, batch: list[str]) -> None:
+        """Book a pass of ``batch``: the cycle's step phase comes next; the next pass may wait for its runs,
+        and for earlier ones still on their way that it has not waited out."""
+        self._step_due = True
+        if self.max_tokens_per_pass == 0 or self.cycle_wait_s == 0:  # passes never wait
+            return
+        keep = {
+            key: expected
+            for key, expected in self._expected.items()
+            if key not in batch and expected.waited < self.cycle_wait_s and expected.calls <= 1
+        }
+        self._expected = keep | {key: _Expected() for key in batch}
 
     def _pop(self, key: str) -> Job:
         job = self._queues[key].popleft()
@@ -135,27 +235,33 @@ class Scheduler:
             del self._queues[key]
         return job
 
-    def _execute(self, batch: list[Job]) -> None:
+    def _run_alone(self, job: Job) -> None:
+        started = time.monotonic()
+        self._observe("start", job, started - job.submitted_at)
+        result, error = _outcome(job.run)
+        self._finish(job, result, error, time.monotonic() - started)
+
+    def _run_pass(self, batch: list[Job]) -> None:
         started = time.monotonic()
         for job in batch:
             self._observe("start", job, started - job.submitted_at)
-        if len(batch) == 1 and batch[0].shared is None:
-            outcomes = [_outcome(batch[0].run)]
-        else:
-            self._on_pass(len(batch))
-            try:
-                results = self._run_shared([job.shared for job in batch])  # type: ignore[misc]
-                outcomes = [(result.output, result.error) for result in results]
-            except Exception as exc:  # the whole pass failed: every job in it reports it
-                logger.exception("shared pass failed")
-                outcomes = [(None, exc)] * len(batch)
+        self._on_pass(batch)
+        try:
+            results = self._run_shared([job.shared for job in batch])
+            outcomes = [(result.output, result.error) for result in results]
+        except Exception as exc:  # the whole pass failed: every job in it reports it
+            logger.exception("shared pass failed")
+            outcomes = [(None, exc)] * len(batch)
         elapsed = time.monotonic() - started
         for job, (result, error) in zip(batch, outcomes, strict=True):
-            self._observe("done", job, elapsed)
-            try:
-                job.on_done(result, error)
-            except Exception:
-                logger.exception("on_done of a job on %r failed", job.queue_key)
+            self._finish(job, result, error, elapsed)
+
+    def _finish(self, job: Job, result: Any, error: BaseException | None, elapsed: float) -> None:
+        self._observe("done", job, elapsed)
+        try:
+            job.on_done(result, error)
+        except Exception:
+            logger.exception("on_done of a job on %r failed", job.queue_key)
 
     def _fail_pending(self) -> None:
         for queue in self._queues.values():
@@ -163,6 +269,7 @@ class Scheduler:
                 job.on_done(None, RuntimeError("the server shut down before this call ran"))
         self._queues.clear()
         self._turn.clear()
+        self._stepping.clear()
 
 
 def _outcome(run: Callable[[], Any]) -> tuple[Any, BaseException | None]:

@@ -91,7 +91,8 @@ def submit(
             state.futures.resolve_raw(future.id, result or b"")
 
     def release() -> None:
-        state.engine.submit(queue_key, task, on_done, shared, tokens, (caller.user, method), replica)
+        labels = (caller.user, api_method(API, method))
+        state.engine.submit(queue_key, task, on_done, shared, tokens, labels, replica)
 
     def cancel() -> None:
         done()

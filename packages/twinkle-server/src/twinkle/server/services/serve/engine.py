@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 
 from twinkle.errors import ServerError
-from twinkle.model import AdapterRequest, AdapterResult
+from twinkle.model import AdapterResult, PassRequest
 from twinkle.server.config import ServerConfig
 from twinkle.server.services.engine import Labels, OnDone, PoolTask, Task
 from twinkle.server.services.pool import Templates
@@ -65,7 +65,7 @@ class ServeEngine:
         self,
         config: ServerConfig,
         observe: Callable[[str, Job, float], None],
-        on_pass: Callable[[int], None],
+        on_pass: Callable[[list[Job]], None],
         on_lost: Callable[[str, str], None],
     ) -> None:
         import twinkle.infra
@@ -81,6 +81,7 @@ class ServeEngine:
         self._known: set[str] = set()
         self._scheduler_options: dict[str, Any] = {
             "max_tokens_per_pass": config.max_tokens_per_pass,
+            "cycle_wait_s": config.cycle_wait_s,
             "observe": observe,
             "on_pass": on_pass,
         }
@@ -143,7 +144,7 @@ class ServeEngine:
         key: str,
         task: Task,
         on_done: OnDone,
-        shared: AdapterRequest | None,
+        shared: PassRequest | None,
         tokens: int,
         labels: Labels,
         replica: int | None = None,
@@ -287,9 +288,9 @@ class ServeEngine:
     def _apply(self, replica: _Replica, key: str, task: Task) -> Any:
         return self._get(replica, self._handle.apply.remote(replica.replica_id, task), [key])
 
-    def _forward_backward_many(self, replica: _Replica, requests: list[AdapterRequest]) -> list[AdapterResult]:
+    def _forward_backward_many(self, replica: _Replica, requests: list[PassRequest]) -> list[AdapterResult]:
         response = self._handle.forward_backward_many.remote(replica.replica_id, requests)
-        return self._get(replica, response, [request.adapter_name for request in requests])
+        return self._get(replica, response, [str(request.adapter_name) for request in requests])
 
     def _get(self, replica: _Replica, response: Any, keys: list[str]) -> Any:
         """The call's result; the replica's exception as raised there; a clear error if the replica died."""
