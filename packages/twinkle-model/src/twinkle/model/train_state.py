@@ -55,6 +55,30 @@ class TrainState:
     def current_lr(self) -> float | None:
         return None if self.optimizer is None else float(self.optimizer.param_groups[0]["lr"])
 
+    def update_optimizer(self, hyperparameters: Mapping[str, Any]) -> None:
+        """Set ``hyperparameters`` on every param group in place (state kept); unknown keys are rejected first."""
+        optimizer = self.require_optimizer()
+        for key, value in hyperparameters.items():
+            if key == "params" or any(key not in group for group in optimizer.param_groups):
+                known = sorted(k for k in optimizer.param_groups[0] if k != "params")
+                raise InvalidInputError(f"{type(optimizer).__name__} has no hyper-parameter {key!r}; known: {known}")
+            is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if key == "lr" and not (is_number and 0 <= value < math.inf):
+                raise InvalidInputError(f"lr must be a finite number >= 0, got {value!r}")
+        for group in optimizer.param_groups:
+            group.update(hyperparameters)
+
+    def report(self, is_training: bool) -> dict[str, float]:
+        """Metrics since the previous report (then reset): loss, accuracy, grad_norm, lr, tokens/s, user metrics."""
+        metric = self.train_metric if is_training else self.eval_metric
+        metric.accumulate(lr=self.current_lr())
+        result = {**metric.calculate(), "global_step": float(self.global_step)}
+        metric.reset()
+        for user_metric in self.metrics:
+            result.update(user_metric.calculate())
+            user_metric.reset()
+        return result
+
     def counters(self) -> dict[str, int]:
         return {
             "global_step": self.global_step,
@@ -98,14 +122,13 @@ def check_new_adapter(states: Mapping[str, TrainState], adapter_name: str, gradi
     check_gradient_accumulation_steps(gradient_accumulation_steps)
 
 
-def set_hyperparameters(optimizer: torch.optim.Optimizer, hyperparameters: Mapping[str, Any]) -> None:
-    """Set ``hyperparameters`` on every param group in place (state kept); unknown keys are rejected first."""
-    for key, value in hyperparameters.items():
-        if key == "params" or any(key not in group for group in optimizer.param_groups):
-            known = sorted(k for k in optimizer.param_groups[0] if k != "params")
-            raise InvalidInputError(f"{type(optimizer).__name__} has no hyper-parameter {key!r}; known: {known}")
-        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if key == "lr" and not (is_number and 0 <= value < math.inf):
-            raise InvalidInputError(f"lr must be a finite number >= 0, got {value!r}")
-    for group in optimizer.param_groups:
-        group.update(hyperparameters)
+def find_state(states: Mapping[str, TrainState], adapter_name: str | None) -> TrainState:
+    """The state of ``adapter_name``, or the only one when ``None``; a clear error otherwise."""
+    adapters = [name for name in states if name != FULL_MODEL]
+    if adapter_name is not None:
+        if adapter_name not in states:
+            raise ConfigurationError(f"unknown adapter {adapter_name!r}; adapters: {adapters}")
+        return states[adapter_name]
+    if len(states) == 1:
+        return next(iter(states.values()))
+    raise ConfigurationError(f"this model has several adapters {adapters}: pass adapter_name=")

@@ -44,7 +44,7 @@ from twinkle.model.passes.plans import LossPlan, TargetsPlan
 from twinkle.model.passes.requests import AdapterResult, LossFn, TargetSequence, TargetsOutput, model_limits
 from twinkle.model.precision import MixedPrecision, check_mixed_precision
 from twinkle.model.seeding import seeded
-from twinkle.model.train_state import FULL_MODEL, TrainState, check_new_adapter, new_state, set_hyperparameters
+from twinkle.model.train_state import FULL_MODEL, TrainState, check_new_adapter, find_state, new_state
 from twinkle.module import build_optimizer
 from twinkle.registry import build
 from twinkle.utils import get_logger
@@ -238,7 +238,7 @@ class TrainingModel(ABC):
         Its state (e.g. Adam moments) is kept. Only keys its param groups already
         have are accepted. An LR scheduler, if set, may override ``lr`` on its next step.
         """
-        set_hyperparameters(self.train_state(adapter_name).require_optimizer(), hyperparameters)
+        self.train_state(adapter_name).update_optimizer(hyperparameters)
 
     def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
         """Clip this adapter's gradients to ``max_grad_norm`` (L2); returns the norm before clipping."""
@@ -288,15 +288,7 @@ class TrainingModel(ABC):
 
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
         """Metrics since the previous call (then reset): loss, accuracy, grad_norm, lr, tokens/s, user metrics."""
-        state = self.train_state(adapter_name)
-        metric = state.train_metric if is_training else state.eval_metric
-        metric.accumulate(lr=state.current_lr())
-        result = {**metric.calculate(), "global_step": float(state.global_step)}
-        metric.reset()
-        for user_metric in state.metrics:
-            result.update(user_metric.calculate())
-            user_metric.reset()
-        return result
+        return self.train_state(adapter_name).report(is_training)
 
     def generate(
         self, input_ids: Sequence[int], max_new_tokens: int = 64, adapter_name: str | None = None
@@ -361,20 +353,14 @@ class TrainingModel(ABC):
 
     def train_state(self, adapter_name: str | None) -> TrainState:
         """The :class:`TrainState` of ``adapter_name`` (the only adapter, or the full model, when ``None``)."""
-        if adapter_name is not None:
-            if adapter_name not in self._states:
-                raise ConfigurationError(f"unknown adapter {adapter_name!r}; adapters: {self.adapter_names}")
-            return self._states[adapter_name]
-        if not self._states:
+        if not self._states and adapter_name is None:
             if not self.trains_full_model:
                 raise ConfigurationError(
                     f"{type(self).__name__} trains LoRA adapters only: call add_adapter_to_model(...) first"
                 )
             params = [p for p in self.model.parameters() if p.requires_grad]
             self._states[FULL_MODEL] = new_state(FULL_MODEL, params, 1, self.pad_token_id)
-        if len(self._states) == 1:
-            return next(iter(self._states.values()))
-        raise ConfigurationError(f"this model has several adapters {self.adapter_names}: pass adapter_name=")
+        return find_state(self._states, adapter_name)
 
     def _configured(self, adapter_name: str | None) -> TrainState:
         """The state a ``set_*`` call configures, marked so (call it once the new component is built)."""
