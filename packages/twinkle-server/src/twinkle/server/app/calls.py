@@ -11,17 +11,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from twinkle import wire
 from twinkle.data_format import validate_input_feature
 from twinkle.errors import InvalidInputError
 from twinkle.model import AdapterRequest, check_loss_inputs
 from twinkle.server.app.state import ServerState
 from twinkle.server.paths import SAMPLER_WEIGHTS_DIR, safe_child
+from twinkle.server.services import submissions
 from twinkle.server.services.checkpoints import CheckpointHold
 from twinkle.server.services.components import check_call_components
 from twinkle.server.services.convert import to_wire
 from twinkle.server.services.engine import PoolTask
 from twinkle.server.services.pool import LONG_METHODS, SHORT_METHODS
 from twinkle.server.services.scheduler import SHARED_METHOD
+from twinkle.server.services.submissions import Submission
 from twinkle.server.store import Checkpoint, check_ttl_seconds
 
 CHECKPOINT_SCHEME = "twinkle://"
@@ -61,31 +64,25 @@ def _submit(
         check_loss_input_lengths(kwargs)
     tokens = count_tokens(kwargs.get("inputs"))
     state.quotas.check_tokens(user, tokens)  # before the future exists: a refused call must leave none behind
-    future, created = state.futures.create(user, method, run_id, idempotency_key)
-    if not created:
-        _release(hold)  # the first call runs (or ran) the work
-        return future.id
-
-    def on_done(result: Any, error: BaseException | None) -> None:
-        try:
-            if error is not None:
-                state.futures.fail(future.id, error)
-                return
-            try:
-                state.futures.resolve(future.id, to_wire(finish(result)))
-            except Exception as exc:  # recording the result failed: the caller must hear about it
-                state.futures.fail(future.id, exc)
-        finally:
-            _release(hold)
-
     shared = None
     # micro_batch_size=None (the default, which the client spells out) must not keep a call out of a pass
     shareable = not state.engine.is_private(run_id) and kwargs.get("micro_batch_size") is None and "inputs" in kwargs
     if method == SHARED_METHOD and shareable:
         loss_inputs = {key: value for key, value in kwargs.items() if key not in ("inputs", "micro_batch_size")}
         shared = AdapterRequest(run_id, kwargs["inputs"], loss_inputs)
-    state.engine.submit(run_id, PoolTask("call", (run_id, method, kwargs)), on_done, shared, tokens, (user, method))
-    return future.id
+    call = Submission(
+        user,
+        method,
+        run_id,
+        idempotency_key,
+        PoolTask("call", (run_id, method, kwargs)),
+        queue_key=run_id,
+        labels=(user, method),
+        encode=lambda result: wire.encode(to_wire(finish(result))),
+        shared=shared,
+        tokens=tokens,
+    )
+    return submissions.submit(state.futures, state.engine, call, settled=None if hold is None else hold.release)
 
 
 def check_method(method: Any) -> str:

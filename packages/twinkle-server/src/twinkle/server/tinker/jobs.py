@@ -1,5 +1,8 @@
 """Turning a Tinker request into a future: deduplicated, ordered by ``seq_id``, run by the engine.
 
+The future and its task are made by ``services/submissions.py``, as for native calls; this module adds
+Tinker's keys, its ``seq_id`` gate and its stored method names.
+
 Every future-creating endpoint only enqueues (the SDK expects an answer within
 its timeout). The work is a task (data, see ``services/engine.py``) run by the
 pool holding the run, in this process or on a Ray replica; ``finish`` then turns
@@ -12,13 +15,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from twinkle.errors import InvalidInputError
 from twinkle.model import TargetsRequest
 from twinkle.server.app.state import ServerState
+from twinkle.server.services import submissions
 from twinkle.server.services.engine import PoolTask, Task
 from twinkle.server.services.futures import api_method
+from twinkle.server.services.submissions import Submission
 from twinkle.server.tinker.state import TinkerState
 from twinkle.utils import get_logger
 
@@ -58,56 +64,29 @@ def submit(
     the same ``(run_id, seq_id)`` returns the first request's id without running
     again, and the work is released to the engine in ``seq_id`` order. Other
     requests are deduplicated on ``key`` when one is given. With ``shared`` the call may join other tenants'
-    calls in a shared pass. ``finish`` makes the reply
-    from the task's result (default: the result is the reply); ``on_failure`` runs if either fails.
+    calls in a shared pass. ``finish`` makes the reply from the task's result (default: the result is the
+    reply); ``on_failure`` runs if either fails.
     ``settled`` runs once this request is over however it ends (done, failed, cancelled, refused
     here, or a retry of a request already made), e.g. to let go of the checkpoint it reads.
     """
-    state = caller.state
-    done = settled or (lambda: None)
     if seq_id:
         key = f"tinker-seq:{seq_id}"
-    try:
-        future, created = state.futures.create(caller.user, api_method(API, method), run_id, key)
-    except BaseException:
-        done()
-        raise
-    if not created:
-        done()
-        return future.id
-
-    def on_done(result: Any, error: BaseException | None) -> None:
-        if error is None and finish is not None:
-            try:
-                result = finish(result)
-            except Exception as exc:  # recording the result failed: the caller must hear about it
-                error = exc
-        done()
-        if error is not None:
-            if on_failure is not None:
-                on_failure()
-            state.futures.fail(future.id, error)
-        else:
-            state.futures.resolve_raw(future.id, result or b"")
-
-    def release() -> None:
-        labels = (caller.user, api_method(API, method))
-        state.engine.submit(queue_key, task, on_done, shared, tokens, labels, replica)
-
-    def cancel() -> None:
-        done()
-        state.futures.fail(future.id, RuntimeError("the model was unloaded before this request's turn came"))
-
-    try:
-        if run_id is None or not seq_id:
-            release()
-        else:
-            caller.tinker.gate.submit(run_id, seq_id, release, cancel)
-    except Exception as exc:
-        done()
-        state.futures.fail(future.id, exc)
-        raise
-    return future.id
+    gate = partial(caller.tinker.gate.submit, run_id, seq_id) if run_id is not None and seq_id else None
+    stored = api_method(API, method)
+    call = Submission(
+        caller.user,
+        stored,
+        run_id,
+        key,
+        task,
+        queue_key=queue_key,
+        labels=(caller.user, stored),
+        encode=finish or (lambda result: result or b""),
+        shared=shared,
+        tokens=tokens,
+        replica=replica,
+    )
+    return submissions.submit(caller.state.futures, caller.state.engine, call, settled, on_failure, gate)
 
 
 def skip_turn(caller: Caller, run_id: str, seq_id: int | None) -> None:
