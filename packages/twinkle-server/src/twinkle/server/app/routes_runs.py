@@ -16,6 +16,7 @@ from twinkle.server.app.state import ServerState
 from twinkle.server.services.convert import from_wire
 from twinkle.server.services.engine import PoolTask
 from twinkle.server.services.pool import SHORT_METHODS
+from twinkle.server.services.runs import largest_rank, record_run
 from twinkle.server.store.base import Checkpoint, Run
 
 router = APIRouter(prefix="/twinkle/v1")
@@ -41,13 +42,7 @@ async def create_run(request: Request) -> Response:
     if base_model is not None:
         calls.resolve_checkpoint(state, user, "", base_model)  # a checkpoint of this user's, or 404
     steps = body.get("gradient_accumulation_steps", 1)
-    state.quotas.check_new_adapter(user, state.store.count_resident_runs(user), _largest_rank(lora_config))
-    session_id = str(body.get("session_id"))
-    run = state.store.create_run(
-        user, session_id, None if lora_config is None else dict(lora_config), steps, base_model
-    )
-    if run is None:
-        raise ResourceNotFoundError(f"no open session {body.get('session_id')!r}; POST /twinkle/v1/sessions first")
+    run = record_run(state.store, state.quotas, user, str(body.get("session_id")), lora_config, steps, base_model)
     try:
         await run_in_threadpool(_add_adapter, state, run, body.get("seed"))
     except Exception:
@@ -77,7 +72,7 @@ async def resume_run(run_id: str, request: Request) -> Response:
     if state.store.get_session(user, session_id) is None:
         raise ResourceNotFoundError(f"no open session {session_id!r}")
     if not run.resident:
-        state.quotas.check_new_adapter(user, state.store.count_resident_runs(user), _largest_rank(run.lora_config))
+        state.quotas.check_new_adapter(user, state.store.count_resident_runs(user), largest_rank(run.lora_config))
         await run_in_threadpool(_add_adapter, state, run)
     state.store.set_resident(user, run_id, True, session_id)
     return reply(request, {"run_id": run_id})
@@ -157,12 +152,3 @@ def _add_adapter(state: ServerState, run: Run, seed: int | None = None) -> None:
     finally:
         if hold is not None:
             hold.release()
-
-
-def _largest_rank(lora_config: Mapping[str, Any] | None) -> int:
-    if lora_config is None:  # full-parameter run
-        return 0
-    ranks = [lora_config.get("r", 8), *dict(lora_config.get("rank_pattern") or {}).values()]
-    if not all(isinstance(rank, int) and not isinstance(rank, bool) for rank in ranks):
-        raise InvalidInputError(f"LoRA ranks must be integers, got r={lora_config.get('r')!r}")
-    return max(ranks)

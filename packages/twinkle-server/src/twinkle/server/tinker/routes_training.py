@@ -10,9 +10,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from tinker import types
 
-from twinkle.errors import InvalidInputError, ResourceNotFoundError
+from twinkle.errors import InvalidInputError
 from twinkle.server.services.engine import FunctionTask
 from twinkle.server.services.futures import api_of
+from twinkle.server.services.runs import record_run
 from twinkle.server.store import check_ttl_seconds
 from twinkle.server.tinker import checkpoints, training
 from twinkle.server.tinker.codec import decode_forward_backward
@@ -50,9 +51,7 @@ def _new_run(
     run_id = training_run_id(session_id, model_seq_id)
     existing = state.store.get_run(user, run_id)
     if existing is None:
-        state.quotas.check_new_adapter(user, state.store.count_resident_runs(user), config["r"])
-        if state.store.create_run(user, session_id, config, run_id=run_id, metadata=metadata) is None:
-            raise ResourceNotFoundError(f"no open session {session_id!r}; create a session first")
+        record_run(state.store, state.quotas, user, session_id, config, run_id=run_id, metadata=metadata)
         caller.tinker.gate.open(run_id)
         state.engine.place(user, run_id)  # its requests all go to one replica from this first one on
 
