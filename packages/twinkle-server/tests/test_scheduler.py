@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from twinkle.server.services.expected_runs import PAUSE_S, REMEMBERED_PASSES
 from twinkle.server.services.scheduler import Job, Scheduler
 
 
@@ -175,6 +176,48 @@ def test_tenants_resuming_together_after_a_pause_train_in_one_pass():
     assert trained.wait(30)
     _drain(scheduler, "abc")
     assert [sorted(shared_pass) for shared_pass in recorder.passes] == [["a:0", "b:0", "c:0"], ["a:1", "b:1", "c:1"]]
+
+
+def test_after_a_pause_tenants_waited_out_before_it_are_waited_for_again():
+    """c trained once more than a and b (it was a step behind), waiting them out; after a pause they all
+    start again, and the first pass waits for a and b again."""
+    recorder = Recorder()
+    scheduler, gate = _blocked_scheduler(recorder.run_shared, cycle_wait_s=0.5)
+    for run in "abc":
+        scheduler.submit(_shared(run, 0))
+    gate.set()
+    assert _train(scheduler, "c", 1) == 1  # waits a and b out
+    time.sleep(PAUSE_S + 0.2)
+    trained = threading.Event()
+    scheduler.submit(_shared("c", 2, on_done=lambda result, error: trained.set()))
+    threading.Timer(0.1, lambda: scheduler.submit(_shared("a", 1))).start()
+    threading.Timer(0.2, lambda: scheduler.submit(_shared("b", 1))).start()
+    assert trained.wait(30)
+    _drain(scheduler, "abc")
+    assert [sorted(shared_pass) for shared_pass in recorder.passes] == [
+        ["a:0", "b:0", "c:0"],
+        ["c:1"],
+        ["a:1", "b:1", "c:2"],
+    ]
+
+
+def test_a_tenant_absent_from_the_remembered_passes_is_not_waited_for_after_a_pause():
+    recorder, waits = Recorder(), []
+
+    def observe(event: str, job: Job, seconds: float) -> None:
+        if event == "start" and job.shared is not None:
+            waits.append(seconds)
+
+    scheduler, gate = _blocked_scheduler(recorder.run_shared, cycle_wait_s=0.5, observe=observe)
+    for run in ("a", "b"):
+        scheduler.submit(_shared(run, 0))
+    gate.set()
+    for step in range(1, REMEMBERED_PASSES + 1):  # b went away: the first of these waits it out
+        assert _train(scheduler, "a", step) == step
+    time.sleep(PAUSE_S + 0.2)
+    assert _train(scheduler, "a", REMEMBERED_PASSES + 1) == REMEMBERED_PASSES + 1
+    _drain(scheduler, "ab")
+    assert waits[2] >= 0.5 and max(waits[3:]) < 0.45, waits  # waits[:2]: the first pass, a and b
 
 
 def test_a_pass_waits_for_one_step_of_a_tenant_not_for_what_it_does_after():

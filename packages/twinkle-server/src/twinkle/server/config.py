@@ -65,7 +65,7 @@ class ServerConfig:
     # together up to this many input tokens (a single call bigger than it still runs, alone). 0 never
     # batches tenants together: every pass trains one request (for comparison, or strict isolation).
     max_tokens_per_pass: int = 32768
-    # How long (idle) a shared pass may wait for the tenants of the last passes to send their next training
+    # How long (idle) a shared pass may wait for the tenants of recent passes to send their next training
     # call (they are between round trips after their optimizer step), so that passes fill and tenants stay
     # in step. A tenant training alone never waits; 0 never waits.
     cycle_wait_s: float = 0.05

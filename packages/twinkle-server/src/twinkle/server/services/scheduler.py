@@ -14,14 +14,11 @@ worker runs in cycles, as Tinker's own service does:
 
 Tenants send their next training call only once their step is answered, so a
 pass could start before they are back. When a pass is about to start and runs
-of recent passes have no training call queued yet, the pass waits for them: the
-worker runs their next calls (their optimizer steps) meanwhile, and starts as
-soon as they all have a training call queued, or once it has waited with
-nothing to run for ``cycle_wait_s`` (each run is waited for that long at most
-until it trains again, so a tenant gone away costs one wait). A run whose second
-call since its pass is not a training call is doing something else: no pass
-waits for it. A run training alone never waits: there is no other run to wait
-for.
+of recent passes are on their way back (:mod:`expected_runs` says which), the
+pass waits for them: the worker runs their optimizer steps meanwhile, and
+starts as soon as they all have a training call queued, or once it has waited
+with nothing to run for ``cycle_wait_s``. A run training alone never waits:
+there is no other run to wait for.
 """
 
 from __future__ import annotations
@@ -33,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from twinkle.server.services.expected_runs import PAUSE_S, ExpectedRuns
 from twinkle.utils import get_logger
 
 logger = get_logger(__name__)
@@ -52,19 +50,6 @@ class Job:
     tokens: int = 0
     labels: tuple[str, str] = ("", "")  # (user, method), for metrics
     submitted_at: float = field(default_factory=time.monotonic)
-
-
-@dataclass
-class _Expected:
-    """A run of a recent pass, expected back with its next training call."""
-
-    calls: int = 0  # its other calls run since its pass
-    waited: float = 0.0  # idle seconds passes have waited for it since
-
-    def on_the_way(self, queued: bool) -> bool:
-        """Still on its way, with no training call queued: before its step (queued, or not sent yet), or on
-        the round trip after it; after a second other call it is doing something else."""
-        return self.calls == 0 or (self.calls == 1 and not queued)
 
 
 class Scheduler:
@@ -95,7 +80,7 @@ class Scheduler:
         self._turn: deque[str] = deque()  # keys of runs with queued jobs, in the order they are served
         self._stepping: deque[str] = deque()  # runs whose head call runs in the current step phase
         self._step_due = False  # a pass just ran: its step phase comes next
-        self._expected: dict[str, _Expected] = {}  # runs of recent passes that a pass may wait for
+        self._expected = ExpectedRuns(cycle_wait_s)  # whom a pass waits for
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="twinkle-scheduler", daemon=True)
@@ -159,28 +144,30 @@ class Scheduler:
                 self._stepping.extend(self._waiting_keys(shared=False))
             if self._stepping:
                 key = self._stepping.popleft()
-                if key in self._expected:
-                    self._expected[key].calls += 1
+                self._expected.ran_call(key)
                 return [self._pop(key)]
             shared = self._waiting_keys(shared=True)
             batch = self._fill_pass(shared)
             if batch:
                 awaited = self._awaited(shared, batch)
                 if not awaited:
-                    self._passed(batch)
+                    self._step_due = True
+                    self._expected.trained(batch)
                     return [self._pop(key) for key in batch]
                 self._stepping.extend(key for key in awaited if key in self._queues)  # their steps
                 if not self._stepping:
                     started = time.monotonic()
-                    self._cond.wait(min(self.cycle_wait_s - self._expected[key].waited for key in awaited))
-                    for key in awaited:
-                        self._expected[key].waited += time.monotonic() - started
+                    self._cond.wait(self._expected.wait_left(awaited))
+                    self._expected.waited(awaited, time.monotonic() - started)
                 continue
             others = self._waiting_keys(shared=False)
             if others:  # no training call queued: the other calls run
                 self._stepping.extend(others)
                 continue
+            started = time.monotonic()
             self._cond.wait()
+            if time.monotonic() - started >= PAUSE_S:
+                self._expected.paused()
         return None
 
     def _waiting_keys(self, shared: bool) -> list[str]:
@@ -201,30 +188,10 @@ class Scheduler:
         return batch
 
     def _awaited(self, shared: list[str], batch: list[str]) -> list[str]:
-        """The runs of recent passes that the coming pass waits for, while it has room: those with no training
-        call queued that are on their way to one (their step queued or running, or a round trip after it)
-        and have not been waited for ``cycle_wait_s`` yet."""
-        if len(batch) < len(shared):  # full: waiting adds nobody
+        """The runs the coming pass waits for (see :mod:`expected_runs`), unless it is full already."""
+        if len(batch) < len(shared) or self.max_tokens_per_pass == 0:
             return []
-        ready = set(shared)
-        return [
-            key
-            for key, expected in self._expected.items()
-            if key not in ready and expected.waited < self.cycle_wait_s and expected.on_the_way(key in self._queues)
-        ]
-
-    def _passed(self, batch: list[str]) -> None:
-        """Book a pass of ``batch``: the cycle's step phase comes next; the next pass may wait for its runs,
-        and for earlier ones still on their way that it has not waited out."""
-        self._step_due = True
-        if self.max_tokens_per_pass == 0 or self.cycle_wait_s == 0:  # passes never wait
-            return
-        keep = {
-            key: expected
-            for key, expected in self._expected.items()
-            if key not in batch and expected.waited < self.cycle_wait_s and expected.calls <= 1
-        }
-        self._expected = keep | {key: _Expected() for key in batch}
+        return self._expected.awaited(set(shared), self._queues)
 
     def _pop(self, key: str) -> Job:
         job = self._queues[key].popleft()

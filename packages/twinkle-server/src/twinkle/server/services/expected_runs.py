@@ -1,0 +1,73 @@
+"""Which runs a shared pass waits for: tenants of recent passes on their way back with their next training call.
+
+A tenant trains in a loop: a training call, then its optimizer step, each a
+round trip. After a pass, its runs are expected back; a run is *on its way*
+until it has run a second other call since its pass (then it is doing
+something else). A pass may wait for each expected run at most ``wait_s`` of
+idle time until it trains again, so a tenant gone away costs one wait. After a
+pause (the worker had nothing to do for ``PAUSE_S``), the runs of the last
+``REMEMBERED_PASSES`` passes are expected afresh: tenants that stopped together
+(the end of an epoch, an evaluation) are waited for when they start again, even
+those a pass waited out just before the pause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterable
+from dataclasses import dataclass
+
+REMEMBERED_PASSES = 16
+PAUSE_S = 1.0
+
+
+@dataclass
+class _Expected:
+    last_pass: int  # the number of the run's last pass
+    calls: int = 0  # its other calls run since
+    waited: float = 0.0  # idle seconds passes have waited for it since
+
+
+class ExpectedRuns:
+    """The bookkeeping of the scheduler's worker (which holds its lock around every call)."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = wait_s
+        self._passes = 0
+        self._runs: dict[str, _Expected] = {}
+
+    def trained(self, batch: Iterable[str]) -> None:
+        """A pass of ``batch`` starts: its runs are expected back; runs of older passes are forgotten."""
+        self._passes += 1
+        for key in batch:
+            self._runs[key] = _Expected(self._passes)
+        oldest = self._passes - REMEMBERED_PASSES
+        self._runs = {key: run for key, run in self._runs.items() if run.last_pass > oldest}
+
+    def ran_call(self, key: str) -> None:
+        """``key`` ran a call other than a training call."""
+        if key in self._runs:
+            self._runs[key].calls += 1
+
+    def awaited(self, ready: Container[str], queued: Container[str]) -> list[str]:
+        """The expected runs on their way and not waited out, other than ``ready`` (with a training call
+        queued); ``queued``: the runs with any call queued."""
+        return [
+            key
+            for key, run in self._runs.items()
+            if key not in ready
+            and run.waited < self.wait_s
+            and (run.calls == 0 or (run.calls == 1 and key not in queued))  # before its step, or after it
+        ]
+
+    def wait_left(self, keys: Iterable[str]) -> float:
+        """How long a pass may still wait for the first of ``keys`` to be waited out."""
+        return min(self.wait_s - self._runs[key].waited for key in keys)
+
+    def waited(self, keys: Iterable[str], seconds: float) -> None:
+        for key in keys:
+            self._runs[key].waited += seconds
+
+    def paused(self) -> None:
+        """The worker had nothing to do for ``PAUSE_S``: every remembered run is expected afresh."""
+        for run in self._runs.values():
+            run.calls, run.waited = 0, 0.0
