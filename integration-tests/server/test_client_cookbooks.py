@@ -25,6 +25,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))
+from sdk_process import script_command
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CLIENTS = Path(__file__).resolve().parents[2] / "cookbook" / "client"
@@ -113,7 +116,7 @@ def run_script(server, user: str, script: str, output_dir: Path, knobs: dict[str
         **knobs,
     }
     path = str(CLIENTS / script)
-    command = [sys.executable, "-c", WITHOUT_TORCH, path] if script.startswith("twinkle/") else [sys.executable, path]
+    command = [sys.executable, "-c", WITHOUT_TORCH, path] if script.startswith("twinkle/") else script_command(path)
     try:
         done = subprocess.run(command, cwd=output_dir, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:

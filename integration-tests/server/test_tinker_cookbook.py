@@ -20,6 +20,9 @@ import tinker_cookbook
 
 from twinkle.hub import resolve_model
 
+sys.path.insert(0, str(Path(__file__).parent))
+from sdk_process import module_command
+
 pytestmark = pytest.mark.integration
 
 BUNDLED_CONVERSATIONS = Path(tinker_cookbook.__file__).parent / "example_data" / "conversations.jsonl"
@@ -41,9 +44,7 @@ def run_recipe(server, module: str, log_path: Path, *args: str) -> list[dict]:
         "https_proxy": "http://127.0.0.1:9",
         "no_proxy": "127.0.0.1,localhost",
     }
-    command = [
-        sys.executable,
-        "-m",
+    command = module_command(  # python -m module ..., without the interpreter's racy finalization (sdk_process)
         module,
         f"base_url={server.url}",
         f"model_name={resolve_model()}",
@@ -51,7 +52,7 @@ def run_recipe(server, module: str, log_path: Path, *args: str) -> list[dict]:
         f"log_path={log_path}",
         "eval_every=0",
         *args,
-    ]
+    )
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     assert "Training completed successfully" in done.stdout + done.stderr
