@@ -45,6 +45,12 @@ TORCH_FREE = {
     "twinkle-client",
 }
 
+# What a distribution promises when installed alone, beyond importing (run in its venv).
+ALONE_CHECKS = {
+    # The Tinker API is a plugin whose SDK comes with the [tinker] extra: without it, only the native API.
+    "twinkle-server": "from twinkle.server.apis import load_apis\nassert load_apis(None) == [], load_apis(None)\n",
+}
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
@@ -148,6 +154,7 @@ def test_installs_alone_and_imports(leaf_distribution, distributions, fresh_venv
         "import importlib, importlib.metadata, importlib.util, json\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
         f"assert not {dist.name in TORCH_FREE} or importlib.util.find_spec('torch') is None, 'torch got installed'\n"
+        f"{ALONE_CHECKS.get(dist.name, '')}"
         "print(json.dumps(sorted(d.metadata['Name'] for d in importlib.metadata.distributions())))\n"
     )
     result = fresh_venv.run(check)

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from twinkle.errors import ConfigurationError
+from twinkle.server.apis import installed_api_names
 from twinkle.server.config_layout import from_applications_layout, uses_applications_layout
 from twinkle.server.store.base import check_user_name
 
@@ -74,6 +75,9 @@ class ServerConfig:
     checkpoint_sweep_interval_s: float = 60.0
     # Tinker SDK clients split a forward_backward into requests of at most this many datums.
     tinker_chunk_datums: int = 1024
+    # The API plugins served beside the native API (twinkle.server.apis), e.g. ["tinker"]; [] serves only the
+    # native API; None (the default) every installed one whose dependencies are installed.
+    apis: list[str] | None = None
     api_keys_file: Path | None = None
     # ``twinkle server --ray``: the model is a Ray Serve deployment of ``replicas`` replicas, each with the base
     # model and a share of the adapters; off, it runs in the server process.
@@ -127,13 +131,14 @@ _TOP: dict[str, type] = {
     "session_timeout_s": float,
     "checkpoint_sweep_interval_s": float,
     "tinker_chunk_datums": int,
+    "apis": list,
     "api_keys_file": str,
     "ray": bool,
     "replicas": int,
     "users": dict,
     "quotas": dict,
 }
-_NULLABLE = {"device", "database", "checkpoint_dir", "api_keys_file", "users"}
+_NULLABLE = {"device", "database", "checkpoint_dir", "api_keys_file", "users", "apis"}
 _PATHS = ("state_dir", "database", "checkpoint_dir", "api_keys_file")
 _QUOTAS: dict[str, type] = {
     "max_adapters": int,
@@ -215,6 +220,7 @@ def _problems(data: dict[str, Any], base_dir: Path) -> list[str]:
         )
     if merged["cycle_wait_s"] < 0:
         problems.append(f"cycle_wait_s: must be >= 0 (0 never waits for a pass to fill), got {merged['cycle_wait_s']}")
+    problems += _api_problems(data.get("apis"))
     problems += _quota_problems(data.get("quotas") or {}, "quotas", merged["max_rank"])
     owners: dict[str, str] = {}
     for name, user in (data.get("users") or {}).items():
@@ -252,6 +258,17 @@ def _is_type(value: Any, expected: type) -> bool:
     if expected is float:
         return isinstance(value, (int, float))
     return isinstance(value, expected)
+
+
+def _api_problems(apis: list[Any] | None) -> list[str]:
+    installed = installed_api_names()
+    problems = []
+    for i, name in enumerate(apis or []):
+        if not isinstance(name, str):
+            problems.append(f"apis[{i}]: expected the name of a server API, got {type(name).__name__} ({name!r})")
+        elif name not in installed:
+            problems.append(f"apis[{i}]: no server API named {name!r}; installed: {', '.join(installed) or 'none'}")
+    return problems
 
 
 def _quota_problems(quotas: dict[str, Any], prefix: str, server_max_rank: int) -> list[str]:
