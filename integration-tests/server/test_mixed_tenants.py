@@ -2,17 +2,20 @@
 
 Three tinker SDK clients (cross-entropy SFT, ``importance_sampling`` RL and
 ``ppo`` with clipping in play) and two native ``twinkle_client`` clients train
-together. Every tenant's losses, log-probs and saved adapter must equal its
-solo in-process run (float32, 1e-5): the reference is a plain
-``MultiLoraModel`` with the loss written out here in torch. ``/metrics`` must
-show Tinker calls trained in passes together with other tenants' calls.
+together, each in its own process (``mixed_tenant_worker.py``). Every
+tenant's losses, log-probs and saved adapter must equal its solo in-process
+run (float32, 1e-5): the reference is a plain ``MultiLoraModel`` with the loss
+written out here in torch. ``/metrics`` must show Tinker calls trained in
+passes together with other tenants' calls.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,49 +28,50 @@ from safetensors.torch import load_file
 from tinker import types
 
 from twinkle.model import MultiLoraModel, TargetSequence
-from twinkle_client.http import TwinkleClient
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import SoloReference, batch, new_run
-from tinker_harness import BASE_MODEL, close_clients, logprobs_of, rl_datum, service_client, sft_datum
+from harness import SoloReference
+from mixed_tenant_worker import (
+    NATIVE_JOBS,
+    RANK,
+    RESULT,
+    STEPS,
+    TINKER_JOBS,
+    TINKER_LR,
+    native_batches,
+    probe_data,
+    tinker_data,
+)
+from sdk_process import script_command
 
 pytestmark = pytest.mark.integration
 
-STEPS = 3
-RANK = 2
-TINKER_LR = 5e-3
+HERE = Path(__file__).parent
 CLIP = (0.8, 1.2)  # ppo's default thresholds
 ADAM = {"lr": TINKER_LR, "betas": (0.9, 0.95), "eps": 1e-12, "weight_decay": 0.0}  # Tinker's AdamParams defaults
 TINKER_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
-TINKER_JOBS = {"sft": ("cross_entropy", 31), "is": ("importance_sampling", 32), "ppo": ("ppo", 33)}
-NATIVE_JOBS = {"nat1": 41, "nat2": 42}
 TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
 def server(start_server):
-    yield start_server([*TINKER_JOBS, *NATIVE_JOBS], max_loras=8)
-    close_clients()
+    return start_server([*TINKER_JOBS, *NATIVE_JOBS], max_loras=8)
 
 
-def test_tinker_and_native_tenants_share_passes_and_each_trains_as_alone(server):
+def test_tinker_and_native_tenants_share_passes_and_each_trains_as_alone(server, tmp_path):
+    results = _run_tenants(server, tmp_path)
     reference = MultiLoraModel(device="cpu", max_loras=8)
-    with ThreadPoolExecutor(len(TINKER_JOBS) + len(NATIVE_JOBS)) as pool:
-        tinker_runs = {user: pool.submit(_tinker_tenant, server, user) for user in TINKER_JOBS}
-        native_runs = {user: pool.submit(_native_tenant, server, user) for user in NATIVE_JOBS}
-        tinker_results = {user: future.result() for user, future in tinker_runs.items()}
-        native_results = {user: future.result() for user, future in native_runs.items()}
-
-    for user, (losses, logps, adapter) in tinker_results.items():
+    for user in TINKER_JOBS:
         ref_losses, ref_logps, ref_adapter = _tinker_alone(reference, user)
-        np.testing.assert_allclose(losses, ref_losses, rtol=TOL, atol=TOL, err_msg=user)
-        for got, want in zip(logps, ref_logps, strict=True):
+        np.testing.assert_allclose(results[user]["losses"], ref_losses, rtol=TOL, atol=TOL, err_msg=user)
+        for got, want in zip(results[user]["logps"], ref_logps, strict=True):
             np.testing.assert_allclose(got, want, rtol=0, atol=TOL, err_msg=user)
-        _assert_same_adapter(adapter, ref_adapter, user)
-    for user, (losses, adapter) in native_results.items():
+        _assert_same_adapter(_saved_adapter(server, user, results[user]), ref_adapter, user)
+    for user in NATIVE_JOBS:
         solo = SoloReference(NATIVE_JOBS[user], model=reference, name=user)
-        assert losses == pytest.approx(solo.train(_native_batches(user)), abs=TOL), user
-        _assert_same_adapter(adapter, solo.model.adapter_state_dict(solo.model.train_state(user)), user)
+        assert results[user]["losses"] == pytest.approx(solo.train(native_batches(user)), abs=TOL), user
+        want = solo.model.adapter_state_dict(solo.model.train_state(user))
+        _assert_same_adapter(_saved_adapter(server, user, results[user]), want, user)
 
     metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
     shared = _counter(metrics, "twinkle_shared_pass_calls_total", 'api="tinker"')
@@ -75,51 +79,37 @@ def test_tinker_and_native_tenants_share_passes_and_each_trains_as_alone(server)
     assert _counter(metrics, "twinkle_shared_pass_calls_total", 'api="twinkle"') > 0
 
 
-# ---------------------------------------------------------------------- Tinker tenants
+# ---------------------------------------------------------------------- the tenants' processes
 
 
-def _tinker_data(user: str, step: int, current: list[np.ndarray] | None) -> list[types.Datum]:
-    """Two datums per step; the RL ones carry sampler log-probs near the current ones (ratios around 1 ± 0.4)."""
-    seeds = _seeds(user, step)
-    if user == "sft":
-        return [sft_datum(seeds[0]), sft_datum(seeds[1], length=7)]
-    assert current is not None
-    data = []
-    for i, (seed, logps) in enumerate(zip(seeds, current, strict=True)):
-        n = len(logps)
-        offsets = np.linspace(-0.4, 0.4, n) * (1 if i == 0 else -1)  # ppo clips the ratios beyond 0.8 / 1.2
-        advantages = np.where(np.arange(n) % 2 == 0, 1.0, -0.5)
-        data.append(rl_datum(seed, list(logps + offsets), list(advantages)))
-    return data
+def _run_tenants(server: Any, logs: Path) -> dict[str, dict[str, Any]]:
+    """Every tenant's worker process, all started at once; their results by user (their stderr in ``logs``)."""
+    workers = {}
+    for user in [*TINKER_JOBS, *NATIVE_JOBS]:
+        with open(logs / f"{user}.stderr", "w") as stderr:  # a file: a full pipe would stall a worker
+            workers[user] = subprocess.Popen(
+                script_command(str(HERE / "mixed_tenant_worker.py"), user, server.url, server.keys[user]),
+                env={**os.environ, "TINKER_TELEMETRY": "0"},
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
+    results = {}
+    for user, worker in workers.items():
+        stdout, _ = worker.communicate(timeout=600)
+        errors = (logs / f"{user}.stderr").read_text()[-3000:]
+        assert worker.returncode == 0, f"{user}'s process exited {worker.returncode}:\n{errors}"
+        line = [line for line in stdout.splitlines() if line.startswith(RESULT)][-1]
+        results[user] = json.loads(line[len(RESULT) :])
+    return results
 
 
-def _probe_data(user: str, step: int) -> list[types.Datum]:
-    """The RL datums' tokens, for the log-probs their sampler log-probs are made from."""
-    return [sft_datum(seed) for seed in _seeds(user, step)]
+def _saved_adapter(server: Any, user: str, result: dict[str, Any]) -> dict[str, torch.Tensor]:
+    folder = server.state_dir / "checkpoints" / user / Path(*result["checkpoint"])
+    return load_file(str(folder / "adapter_model.safetensors"))
 
 
-def _seeds(user: str, step: int) -> list[int]:
-    return [1000 * list(TINKER_JOBS).index(user) + 10 * step + i for i in range(2)]
-
-
-def _tinker_tenant(server: Any, user: str) -> tuple[list[float], list[np.ndarray], dict[str, torch.Tensor]]:
-    loss_fn, seed = TINKER_JOBS[user]
-    client = service_client(server, user)
-    trainer = client.create_lora_training_client(base_model=BASE_MODEL, rank=RANK, seed=seed).result()
-    losses, logps = [], []
-    for step in range(STEPS):
-        current = None
-        if user != "sft":
-            current = logprobs_of(trainer.forward(_probe_data(user, step), "cross_entropy").result())
-        data = _tinker_data(user, step, current)
-        output = trainer.forward_backward(data, loss_fn).result()
-        trainer.optim_step(types.AdamParams(learning_rate=TINKER_LR)).result()
-        losses.append(output.metrics["loss:sum"])
-        logps.extend(logprobs_of(output))
-    path = trainer.save_state(f"{user}-final").result().path
-    parsed = types.ParsedCheckpointTinkerPath.from_tinker_path(path)
-    folder = server.state_dir / "checkpoints" / user / parsed.training_run_id / parsed.checkpoint_id.split("/", 1)[1]
-    return losses, logps, load_file(str(folder / "adapter_model.safetensors"))
+# ---------------------------------------------------------------------- in-process references
 
 
 def _tinker_alone(model: MultiLoraModel, user: str) -> tuple[list[float], list[np.ndarray], dict[str, torch.Tensor]]:
@@ -132,10 +122,10 @@ def _tinker_alone(model: MultiLoraModel, user: str) -> tuple[list[float], list[n
     for step in range(STEPS):
         current = None
         if user != "sft":
-            sequences = _sequences(_probe_data(user, step))
+            sequences = _sequences(probe_data(user, step))
             probe = model.forward_backward_targets(sequences, adapter_name=user, backward=False)
             current = [lp.double().numpy() for lp in probe.logps]
-        data = _tinker_data(user, step, current)
+        data = tinker_data(user, step, current)
         output = model.forward_backward_targets(_sequences(data), _reference_loss(loss_name, data), adapter_name=user)
         model.step(adapter_name=user)
         model.zero_grad(adapter_name=user)
@@ -172,25 +162,6 @@ def _reference_loss(name: str, data: list[types.Datum]) -> Any:
         return total, {}
 
     return loss_fn
-
-
-# ---------------------------------------------------------------------- native tenants
-
-
-def _native_batches(user: str) -> list[list[dict[str, Any]]]:
-    return [batch(user, step, samples=2, length=6 + step) for step in range(STEPS)]
-
-
-def _native_tenant(server: Any, user: str) -> tuple[list[float], dict[str, torch.Tensor]]:
-    with TwinkleClient(server.url, server.keys[user]) as client:
-        run_id = new_run(client, NATIVE_JOBS[user])
-        losses = []
-        for inputs in _native_batches(user):
-            losses.append(client.call(run_id, "forward_backward", inputs=inputs)["loss"])
-            client.call(run_id, "clip_grad_and_step")
-        client.call(run_id, "save", name="final", save_optimizer=False)
-    folder = server.state_dir / "checkpoints" / user / run_id / "final"
-    return losses, load_file(str(folder / "adapter_model.safetensors"))
 
 
 # ---------------------------------------------------------------------- checks

@@ -63,14 +63,20 @@ class Server:
         output = subprocess.run(["ss", "-tnlp"], capture_output=True, text=True, check=True).stdout
         return [line.split()[3] for line in output.splitlines() if f"pid={self.process.pid}," in line]
 
-    def pass_sizes(self) -> tuple[float, float]:
-        """``(sum, count)`` of the requests per shared pass so far, from ``/metrics``."""
-        values = {}
+    def counters(self) -> tuple[float, float, float]:
+        """From ``/metrics``: ``(sum, count)`` of the requests per shared pass so far, and the model's busy seconds."""
+        wanted = (
+            "twinkle_shared_pass_requests_sum",
+            "twinkle_shared_pass_requests_count",
+            "twinkle_model_busy_seconds",
+        )
+        values = dict.fromkeys(wanted, 0.0)
         for line in httpx.get(f"{self.url}/metrics", timeout=30).text.splitlines():
             name, _, value = line.partition(" ")
-            if name in ("twinkle_shared_pass_requests_sum", "twinkle_shared_pass_requests_count"):
-                values[name.rsplit("_", 1)[1]] = float(value)
-        return values.get("sum", 0.0), values.get("count", 0.0)
+            if name in values:
+                values[name] = float(value)
+        total, count, busy = (values[name] for name in wanted)
+        return total, count, busy
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -34,26 +34,39 @@ def test_chunked_logps_match_full_logits_values_and_gradients(chunk_size, max_sa
     assert torch.equal(correct, (hidden @ weight.T).argmax(-1) == labels)
 
 
+# Scattered rows (two adapters' rows interleaved), each adapter's rows in one run (as a shared pass orders
+# them), and one adapter on every row (positions None).
+LAYOUTS = {
+    "scattered": [[0, 1, 2, 7, 8, 13], [4, 5, 6, 9]],
+    "runs": [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10, 11, 12, 13]],
+    "all": [None],
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("chunk_size", [1, 4, 64])
 @pytest.mark.parametrize("max_saved_bytes", [0, 1 << 20])
-def test_low_rank_terms_on_some_positions_match_autograd(chunk_size, max_saved_bytes):
-    """Two LoRA updates of the output layer, each on its own positions (rows of two adapters), in the chunks."""
+def test_low_rank_terms_on_some_positions_match_autograd(layout, chunk_size, max_saved_bytes):
+    """LoRA updates of the output layer, each on its own positions (rows of its adapter), in the chunks."""
     torch.manual_seed(0)
     hidden = torch.randn(14, 16, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(50, 16, dtype=torch.float64)  # frozen, as a shared base's output layer is
     labels = torch.randint(0, 50, (14,))
     labels[3] = IGNORE_INDEX
-    positions = [torch.tensor([0, 1, 2, 7, 8, 13]), torch.tensor([4, 5, 6, 9])]
-    A = [torch.randn(rank, 16, dtype=torch.float64, requires_grad=True) for rank in (2, 3)]
-    B = [torch.randn(50, rank, dtype=torch.float64, requires_grad=True) for rank in (2, 3)]
+    positions = [None if rows is None else torch.tensor(rows) for rows in LAYOUTS[layout]]
+    ranks = (2, 3)[: len(positions)]
+    A = [torch.randn(rank, 16, dtype=torch.float64, requires_grad=True) for rank in ranks]
+    B = [torch.randn(50, rank, dtype=torch.float64, requires_grad=True) for rank in ranks]
     upstream = torch.randn(14, dtype=torch.float64)
 
-    terms = [LowRankTerm(p, hidden[p] @ a.T * 0.5, b) for p, a, b in zip(positions, A, B, strict=True)]
+    every = torch.arange(14)
+    rows = [every if p is None else p for p in positions]
+    terms = [LowRankTerm(p, hidden[r] @ a.T * 0.5, b) for p, r, a, b in zip(positions, rows, A, B, strict=True)]
     ours, correct = chunked_token_logps(hidden, weight, labels, chunk_size, max_saved_bytes, low_rank=terms)
     grads = torch.autograd.grad((ours * upstream).sum(), (hidden, *A, *B))
     logits = hidden @ weight.T
-    for p, a, b in zip(positions, A, B, strict=True):
-        logits = logits.index_add(0, p, (hidden[p] @ a.T * 0.5) @ b.T)
+    for r, a, b in zip(rows, A, B, strict=True):
+        logits = logits.index_add(0, r, (hidden[r] @ a.T * 0.5) @ b.T)
     valid = labels != IGNORE_INDEX
     ref = torch.where(valid, torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0)[:, None])[:, 0], 0.0)
     ref_grads = torch.autograd.grad((ref * upstream).sum(), (hidden, *A, *B))

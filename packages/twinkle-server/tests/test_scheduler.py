@@ -240,6 +240,28 @@ def test_a_pass_waits_for_one_step_of_a_tenant_not_for_what_it_does_after():
     assert time.monotonic() - started < 2.5
 
 
+def test_busy_seconds_count_a_shared_pass_once_and_never_the_idle_time():
+    at_pass_start = []
+
+    def run_shared(requests):
+        at_pass_start.append(scheduler.busy_seconds())  # the gate's call is counted by now
+        time.sleep(0.15)
+        return [SimpleNamespace(output=None, error=None) for _ in requests]
+
+    scheduler, gate = _blocked_scheduler(run_shared)
+    for run in "abc":
+        scheduler.submit(_shared(run, 0))
+    gate.set()
+    for run in "abc":
+        scheduler.call(run, lambda: None, timeout=30)
+    busy = scheduler.busy_seconds()
+    time.sleep(0.2)  # idle: waiting for calls is not busy
+    assert scheduler.busy_seconds() == busy
+    scheduler.stop()
+    assert len(at_pass_start) == 1
+    assert 0.15 <= busy - at_pass_start[0] < 0.45  # once, not once per tenant in the pass
+
+
 def test_a_tenant_with_big_batches_does_not_starve_one_with_small_batches():
     recorder = Recorder()
     scheduler, gate = _blocked_scheduler(recorder.run_shared, max_tokens_per_pass=100)

@@ -15,6 +15,7 @@ so an adapted ``lm_head`` keeps this path's speed and memory bound.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -40,11 +41,14 @@ class TokenLogps(NamedTuple):
 def token_logps_from_logits(logits_NV: torch.Tensor, labels_N: torch.Tensor) -> torch.Tensor:
     """``log softmax(logits)[label]`` per row, in :func:`logps_dtype`; 0 where the label is ignored."""
     logits_NV = logits_NV.to(logps_dtype(logits_NV.dtype))
+    return _picked_logps(logits_NV, labels_N, torch.logsumexp(logits_NV, dim=-1))
+
+
+def _picked_logps(logits_NV: torch.Tensor, labels_N: torch.Tensor, logsumexp_N: torch.Tensor) -> torch.Tensor:
     valid_N = labels_N != IGNORE_INDEX
     safe_N = torch.where(valid_N, labels_N, 0)
     picked_N = logits_NV.gather(-1, safe_N.unsqueeze(-1)).squeeze(-1)
-    logps_N = picked_N - torch.logsumexp(logits_NV, dim=-1)
-    return torch.where(valid_N, logps_N, 0.0)
+    return torch.where(valid_N, picked_N - logsumexp_N, 0.0)
 
 
 class LowRankTerm(NamedTuple):
@@ -84,10 +88,12 @@ class _ChunkedTokenLogps(torch.autograd.Function):
         for start in range(0, hidden_NH.shape[0], chunk_size):
             end = start + chunk_size
             logits_CV = _chunk_logits(hidden_NH, weight_VH, terms, start, end).to(dtype)
-            logps_N[start:end] = token_logps_from_logits(logits_CV, labels_N[start:end])
-            correct_N[start:end] = logits_CV.argmax(-1) == labels_N[start:end]
-            if save_probs:
-                saved_probs.append(torch.softmax(logits_CV, dim=-1))
+            labels_C = labels_N[start:end]
+            correct_N[start:end] = logits_CV.argmax(-1) == labels_C
+            logsumexp_C = torch.logsumexp(logits_CV, dim=-1)
+            logps_N[start:end] = _picked_logps(logits_CV, labels_C, logsumexp_C)
+            if save_probs:  # softmax from the logsumexp already taken, in the chunk's own memory
+                saved_probs.append(logits_CV.sub_(logsumexp_C.unsqueeze(-1)).exp_())
         ctx.save_for_backward(hidden_NH, weight_VH, labels_N, *factors)
         ctx.chunk_size, ctx.saved_probs, ctx.positions = chunk_size, saved_probs, positions
         ctx.mark_non_differentiable(correct_N)
@@ -156,10 +162,19 @@ def _chunk_logits(
     hidden_NH: torch.Tensor, weight_VH: torch.Tensor, terms: Sequence[LowRankTerm], start: int, end: int
 ) -> torch.Tensor:
     logits_CV = hidden_NH[start:end] @ weight_VH.T
+    promoted = [factor.dtype for term in terms for factor in (term.u_nR, term.B_VR)]
+    logits_CV = logits_CV.to(functools.reduce(torch.promote_types, promoted, logits_CV.dtype))  # as a + would
     for term in terms:
+        # In place: the logits are this chunk's own (autograd does not track inside the Function), and a copy
+        # of the whole chunk per term (one per tenant with an adapted output layer) would cost more than it.
         local, first, last = _in_chunk(term, start, end)
-        delta_CV = term.u_nR[first:last] @ term.B_VR.T
-        logits_CV = logits_CV + delta_CV if local is None else logits_CV.index_add(0, local, delta_CV)
+        if local is None:
+            logits_CV.addmm_(term.u_nR[first:last], term.B_VR.T)
+        elif len(local) and int(local[-1]) - int(local[0]) + 1 == len(local):  # one tenant's rows: a slice
+            rows = slice(int(local[0]), int(local[-1]) + 1)
+            logits_CV[rows].addmm_(term.u_nR[first:last], term.B_VR.T)
+        else:
+            logits_CV.index_add_(0, local, term.u_nR[first:last] @ term.B_VR.T)
     return logits_CV
 
 

@@ -142,14 +142,16 @@ class MultiLoraLinear(nn.Module):
                 f"adapter_rows assigned {routing.batch_size} rows but the batch has {x.shape[0]}: "
                 "give one adapter name (or None) per batch row"
             )
+        # In place: autograd saves the linear's inputs, not its output, and a copy of the whole output per
+        # adapter in the batch would cost more than the adapters themselves.
         for name, rows in routing.groups:
             lora = self.adapters.get(name)
             if lora is None:  # this adapter does not target this layer
                 continue
             if rows is None:  # every row uses this adapter: no gather needed
-                out = out + lora.delta(x, self.training)
+                out.add_(lora.delta(x, self.training))
                 continue
-            out = out.index_add(0, rows, lora.delta(x.index_select(0, rows), self.training))
+            out.index_add_(0, rows, lora.delta(x.index_select(0, rows), self.training))
         return out
 
     def extra_repr(self) -> str:

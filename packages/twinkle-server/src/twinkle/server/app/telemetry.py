@@ -53,11 +53,18 @@ class Telemetry:
             registry=self.registry,
         )
         self.queue_depth = Gauge("twinkle_queue_depth", "Calls waiting in the scheduler", registry=self.registry)
+        # Grows only; its rate is the model's utilisation (1: never waiting for tenants' calls).
+        self.busy = Gauge(
+            "twinkle_model_busy_seconds",
+            "Seconds the model spent running calls since start (replicas summed; a shared pass counted once)",
+            registry=self.registry,
+        )
 
     def bind_engine(self, engine: Engine) -> None:
         self.pool_used.set_function(lambda: engine.resident_count)
         self.pool_size.set(engine.max_loras)
         self.queue_depth.set_function(engine.queue_depth)
+        self.busy.set_function(engine.busy_seconds)
 
     def observe_job(self, event: str, job: Job, seconds: float) -> None:
         user, method = job.labels

@@ -67,6 +67,9 @@ class Engine(Protocol):
 
     def queue_depth(self) -> int: ...
 
+    def busy_seconds(self) -> float:
+        """Seconds the model(s) spent running calls so far (replicas' summed; a shared pass counted once)."""
+
     def submit(
         self,
         key: str,
@@ -120,6 +123,9 @@ class LocalEngine:
 
     def queue_depth(self) -> int:
         return self.scheduler.queue_depth()
+
+    def busy_seconds(self) -> float:
+        return self.scheduler.busy_seconds()
 
     def submit(
         self,

@@ -83,6 +83,7 @@ class Scheduler:
         self._expected = ExpectedRuns(cycle_wait_s)  # whom a pass waits for
         self._cond = threading.Condition()
         self._stopping = False
+        self._busy_s = 0.0  # written by the scheduler thread only
         self._thread = threading.Thread(target=self._loop, name="twinkle-scheduler", daemon=True)
         self._thread.start()
 
@@ -99,6 +100,10 @@ class Scheduler:
     def queue_depth(self) -> int:
         with self._cond:
             return sum(len(queue) for queue in self._queues.values())
+
+    def busy_seconds(self) -> float:
+        """Seconds spent running calls so far, a shared pass counted once: the rest of the time it waited."""
+        return self._busy_s
 
     def call(
         self, queue_key: str, run: Callable[[], Any], timeout: float | None = None, labels: tuple[str, str] = ("", "")
@@ -206,7 +211,9 @@ class Scheduler:
         started = time.monotonic()
         self._observe("start", job, started - job.submitted_at)
         result, error = _outcome(job.run)
-        self._finish(job, result, error, time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        self._busy_s += elapsed
+        self._finish(job, result, error, elapsed)
 
     def _run_pass(self, batch: list[Job]) -> None:
         started = time.monotonic()
@@ -220,6 +227,7 @@ class Scheduler:
             logger.exception("shared pass failed")
             outcomes = [(None, exc)] * len(batch)
         elapsed = time.monotonic() - started
+        self._busy_s += elapsed
         for job, (result, error) in zip(batch, outcomes, strict=True):
             self._finish(job, result, error, elapsed)
 

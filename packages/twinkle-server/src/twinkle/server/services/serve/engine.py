@@ -139,6 +139,9 @@ class ServeEngine:
     def queue_depth(self) -> int:
         return sum(r.scheduler.queue_depth() for r in self._replicas)
 
+    def busy_seconds(self) -> float:
+        return sum(r.scheduler.busy_seconds() for r in self._replicas)
+
     def submit(
         self,
         key: str,
