@@ -61,7 +61,7 @@ def test_merged_sync_makes_the_base_model_the_policy(lora_model, sampler, prompt
 
 def test_full_parameter_models_sync_their_weights(sampler, prompts):
     torch.manual_seed(0)
-    model = TransformersModel(device="cpu")
+    model = TransformersModel(device="cpu", dtype=torch.float64)  # as the fixtures (see conftest.py)
     model.set_optimizer("AdamW", lr=1e-2)
     _train_one_step(model, sampler.sample(prompts, PARAMS))
     manager = CheckpointEngineManager(model, sampler)
