@@ -159,6 +159,16 @@ def test_a_pass_waits_for_the_tenants_of_recent_passes_until_they_are_back_or_wa
     assert 0.1 <= waits["a:1"] < 0.9 and waits["a:2"] >= 1.0 and waits["a:3"] < 0.9, waits
 
 
+def _resume_after_pause(scheduler: Scheduler, c_step: int) -> None:
+    """c is back first with its step ``c_step``, a and b (their step 1) 0.1 s and 0.2 s later; then stop."""
+    trained = threading.Event()
+    scheduler.submit(_shared("c", c_step, on_done=lambda result, error: trained.set()))
+    threading.Timer(0.1, lambda: scheduler.submit(_shared("a", 1))).start()
+    threading.Timer(0.2, lambda: scheduler.submit(_shared("b", 1))).start()
+    assert trained.wait(30)
+    _drain(scheduler, "abc")
+
+
 def test_tenants_resuming_together_after_a_pause_train_in_one_pass():
     """A pause with no training call queued uses up no wait: the first tenant back waits for the others."""
     recorder = Recorder()
@@ -169,12 +179,7 @@ def test_tenants_resuming_together_after_a_pause_train_in_one_pass():
     for run in "abc":
         scheduler.call(run, lambda: None, timeout=30)  # their steps, then a pause
     time.sleep(0.3)
-    trained = threading.Event()
-    scheduler.submit(_shared("c", 1, on_done=lambda result, error: trained.set()))
-    threading.Timer(0.1, lambda: scheduler.submit(_shared("a", 1))).start()
-    threading.Timer(0.2, lambda: scheduler.submit(_shared("b", 1))).start()
-    assert trained.wait(30)
-    _drain(scheduler, "abc")
+    _resume_after_pause(scheduler, c_step=1)
     assert [sorted(shared_pass) for shared_pass in recorder.passes] == [["a:0", "b:0", "c:0"], ["a:1", "b:1", "c:1"]]
 
 
@@ -188,12 +193,7 @@ def test_after_a_pause_tenants_waited_out_before_it_are_waited_for_again():
     gate.set()
     assert _train(scheduler, "c", 1) == 1  # waits a and b out
     time.sleep(PAUSE_S + 0.2)
-    trained = threading.Event()
-    scheduler.submit(_shared("c", 2, on_done=lambda result, error: trained.set()))
-    threading.Timer(0.1, lambda: scheduler.submit(_shared("a", 1))).start()
-    threading.Timer(0.2, lambda: scheduler.submit(_shared("b", 1))).start()
-    assert trained.wait(30)
-    _drain(scheduler, "abc")
+    _resume_after_pause(scheduler, c_step=2)
     assert [sorted(shared_pass) for shared_pass in recorder.passes] == [
         ["a:0", "b:0", "c:0"],
         ["c:1"],
