@@ -122,7 +122,8 @@ def test_after_a_restart_runs_and_checkpoints_are_listed_and_resume(tmp_path):
         assert [c["name"] for c in run["checkpoints"]] == ["final"]
         lost = client.get(f"{API}/futures/{pending.id}", headers=headers).json()
         assert lost["status"] == "failed" and "restarted" in lost["error"]["message"]
-        reply = client.post(f"{API}/runs/{run_id}/call", headers=headers, json={"method": "forward_only", "kwargs": {}})
+        body = {"method": "forward_only", "kwargs": {"inputs": feature}}
+        reply = client.post(f"{API}/runs/{run_id}/call", headers=headers, json=body)
         assert reply.status_code == 409 and "resume it first" in reply.json()["error"]["message"]
 
         session = client.post(f"{API}/sessions", headers=headers, json={}).json()["session_id"]

@@ -1,5 +1,6 @@
 import pytest
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
 
 from twinkle.errors import (
     AuthenticationError,
@@ -54,19 +55,37 @@ def test_subclasses_outside_core_travel_as_their_core_base():
     )
 
 
-def test_malformed_body_is_422_naming_the_fields():
+def test_malformed_request_is_422_naming_the_fields():
     exc = RequestValidationError(
-        [{"loc": ("body", "session_id"), "msg": "Field required", "type": "missing"}, {"msg": "bad json"}]
+        [{"loc": ("query", "wait"), "msg": "Input should be a valid number", "type": "float_parsing"}, {"msg": "bad"}]
     )
     assert error_response(exc) == (
         422,
         {
             "error": {
                 "type": "InvalidInputError",
-                "message": "malformed request body: body.session_id: Field required; bad json",
+                "message": "malformed request: query.wait: Input should be a valid number; bad",
+                "field": "query.wait",
             }
         },
     )
+
+
+def test_a_body_field_at_fault_is_named_apart_from_the_message():
+    error = InvalidInputError("invalid CreateRun: session_id: Field required")
+    error.field = "session_id"
+    assert error_response(error) == (
+        400,
+        {"error": {"type": "InvalidInputError", "message": str(error), "field": "session_id"}},
+    )
+
+
+def test_framework_http_errors_come_in_the_same_shape():
+    assert error_response(HTTPException(405, "Method Not Allowed")) == (
+        405,
+        {"error": {"type": "InvalidInputError", "message": "Method Not Allowed"}},
+    )
+    assert error_response(HTTPException(404, "Not Found"))[1]["error"]["type"] == "ResourceNotFoundError"
 
 
 def test_unexpected_errors_are_server_errors_naming_the_class():

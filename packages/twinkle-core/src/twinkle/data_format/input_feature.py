@@ -12,9 +12,9 @@ trajectory that produced the feature may ride along (``messages``,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypedDict
+from typing import Any
 
-from typing_extensions import NotRequired
+from typing_extensions import NotRequired, TypedDict  # pydantic needs this TypedDict below Python 3.12
 
 from twinkle.data_format.message import Message
 from twinkle.errors import InvalidInputError

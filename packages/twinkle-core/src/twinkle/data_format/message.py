@@ -8,9 +8,9 @@ and returns it unchanged, raising :class:`InvalidInputError` that names the fiel
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal
 
-from typing_extensions import NotRequired
+from typing_extensions import NotRequired, TypedDict  # pydantic (the server's HTTP schemas) needs this TypedDict
 
 from twinkle.errors import InvalidInputError
 

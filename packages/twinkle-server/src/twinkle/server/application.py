@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from starlette.exceptions import HTTPException
 
 from twinkle.errors import TwinkleError
 from twinkle.server.apis import ServerApi, load_apis
@@ -20,7 +21,16 @@ from twinkle.server.app import routes_misc, routes_runs
 from twinkle.server.app.http import error_reply
 from twinkle.server.app.state import ServerState
 from twinkle.server.config import ServerConfig
+from twinkle.server.contract import install_openapi
 from twinkle.server.store import Store
+
+DESCRIPTION = (
+    "One base model, many tenants training their own LoRA adapters. Native API under `/twinkle/v1` (the "
+    "`twinkle_client` package speaks it); the Tinker API under `/api/v1` when installed. Request and reply bodies "
+    "are JSON, or the binary wire codec `application/vnd.twinkle.v1` (numeric arrays kept exact; send it as "
+    '`Content-Type`, ask for it with `Accept`). Native errors are `{"error": {"type", "message", '
+    '"field", "limit"}}`; `type` names the exception class in `twinkle.errors`.'
+)
 
 
 def create_app(config: ServerConfig, store: Store | None = None) -> FastAPI:
@@ -45,9 +55,9 @@ def create_app(config: ServerConfig, store: Store | None = None) -> FastAPI:
 
     # Expected errors (a TwinkleError names what the caller must fix) are answered here; anything else
     # is a server bug, answered 500 by the outermost handler (which also logs it).
-    for error_class in (TwinkleError, RequestValidationError, Exception):
+    for error_class in (TwinkleError, RequestValidationError, HTTPException, Exception):
         app.add_exception_handler(error_class, _error_handler(apis))
-
+    install_openapi(app, DESCRIPTION)
     return app
 
 

@@ -24,7 +24,7 @@ def safe_child(root: str | Path, *user_parts: str) -> Path:
     if not user_parts:
         raise InvalidInputError("safe_child needs at least one name below the root")
     for part in user_parts:
-        _check_part(part)
+        check_name(part)
     base = Path(root).expanduser().resolve()
     path = base.joinpath(*user_parts).resolve()
     if not path.is_relative_to(base) or path == base:
@@ -46,7 +46,8 @@ def atomic_child(root: str | Path, *user_parts: str) -> Iterator[Path]:
         yield tmp
 
 
-def _check_part(part: str) -> None:
+def check_name(part: str) -> str:
+    """``part`` if it is one plain file name (see the module doc)."""
     if not isinstance(part, str):
         raise InvalidInputError(f"a path name must be a string, got {type(part).__name__}")
     problem = None
@@ -62,3 +63,4 @@ def _check_part(part: str) -> None:
         problem = f"is longer than {_MAX_NAME_BYTES} bytes"
     if problem:
         raise InvalidInputError(f"invalid name {part!r}: it {problem}; use a single plain file name")
+    return part

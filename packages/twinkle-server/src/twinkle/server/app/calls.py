@@ -1,4 +1,7 @@
-"""Running a tenant's in-process API call on its run: checks, the job, and what the result becomes.
+"""Running a tenant's in-process API call on its run: the job, and what the result becomes.
+
+Arguments arrive validated (``schemas.calls``); what is left here is what depends on the server's state:
+quotas, checkpoint paths, and whether the call can join a shared pass.
 
 Short calls (``set_*``, ``update_optimizer``, ``zero_grad``, ``lr_step``, ``calculate_metric``) are
 answered directly; long ones get a future. Every call goes through the
@@ -12,27 +15,23 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from twinkle import wire
-from twinkle.data_format import validate_input_feature
 from twinkle.errors import InvalidInputError
-from twinkle.model import AdapterRequest, check_loss_inputs
+from twinkle.model import AdapterRequest
 from twinkle.server.app.state import ServerState
-from twinkle.server.paths import SAMPLER_WEIGHTS_DIR, safe_child
+from twinkle.server.paths import safe_child
 from twinkle.server.services import submissions
 from twinkle.server.services.checkpoints import CheckpointHold
-from twinkle.server.services.components import check_call_components
 from twinkle.server.services.convert import to_wire
 from twinkle.server.services.engine import PoolTask
-from twinkle.server.services.pool import LONG_METHODS, SHORT_METHODS
 from twinkle.server.services.scheduler import SHARED_METHOD
 from twinkle.server.services.submissions import Submission
-from twinkle.server.store import Checkpoint, check_ttl_seconds
+from twinkle.server.store import Checkpoint
 
 CHECKPOINT_SCHEME = "twinkle://"
 SHORT_CALL_TIMEOUT_S = 600.0
 
 
 def run_short_call(state: ServerState, user: str, run_id: str, method: str, kwargs: dict[str, Any]) -> Any:
-    check_call_components(method, kwargs)
     result = state.engine.call(run_id, PoolTask("call", (run_id, method, kwargs)), SHORT_CALL_TIMEOUT_S, (user, method))
     return to_wire(result)
 
@@ -59,9 +58,6 @@ def _submit(
     finish: Callable[[Any], Any],
     hold: CheckpointHold | None,
 ) -> str:
-    check_features(state, kwargs.get("inputs"))  # a bad batch is the caller's 400 now, not a failed future later
-    if method == SHARED_METHOD:
-        check_loss_input_lengths(kwargs)
     tokens = count_tokens(kwargs.get("inputs"))
     state.quotas.check_tokens(user, tokens)  # before the future exists: a refused call must leave none behind
     shared = None
@@ -85,36 +81,6 @@ def _submit(
     return submissions.submit(state.futures, state.engine, call, settled=None if hold is None else hold.release)
 
 
-def check_method(method: Any) -> str:
-    if method not in SHORT_METHODS | LONG_METHODS:
-        raise InvalidInputError(f"unknown method {method!r}; callable: {sorted(SHORT_METHODS | LONG_METHODS)}")
-    return method
-
-
-def check_features(state: ServerState, inputs: Any) -> None:
-    """Types, token ids and lengths of encoded features (trajectories are checked once encoded, in the job)."""
-    items = [inputs] if isinstance(inputs, Mapping) else inputs
-    if not isinstance(items, list):
-        return
-    limit = state.engine.max_length
-    for index, item in enumerate(items):
-        if isinstance(item, Mapping) and "input_ids" in item:
-            feature = validate_input_feature(item, where=f"inputs[{index}]", vocab_size=state.engine.vocab_size)
-            if len(feature["input_ids"]) > limit:
-                raise InvalidInputError(
-                    f"inputs[{index}] has {len(feature['input_ids'])} tokens; the model's context is {limit}"
-                )
-
-
-def check_loss_input_lengths(kwargs: Mapping[str, Any]) -> None:
-    """``forward_backward``'s per-sample loss inputs (``advantages``, ...) need one entry per sample of ``inputs``."""
-    inputs = kwargs.get("inputs")
-    items = [inputs] if isinstance(inputs, Mapping) else inputs
-    if isinstance(items, list):
-        loss_inputs = {key: value for key, value in kwargs.items() if key not in ("inputs", "micro_batch_size")}
-        check_loss_inputs(loss_inputs, len(items))
-
-
 def count_tokens(inputs: Any) -> int:
     """Tokens in a batch of features (trajectories are encoded on the server, so they count once encoded)."""
     if isinstance(inputs, Mapping):
@@ -133,17 +99,9 @@ def _prepare(
 ) -> tuple[Callable[[Any], Any], CheckpointHold | None]:
     """Rewrite server-side paths in ``kwargs``; returns how to turn the method's result into the reply, and the
     checkpoint the call reads or writes (held until the call is over)."""
-    for forbidden in ("output_dir", "dataloader"):
-        if forbidden in kwargs:
-            raise InvalidInputError(f"{method}: {forbidden!r} cannot be set remotely; the server decides it")
     if method == "save":
-        name = kwargs.get("name")
-        if not isinstance(name, str):
-            raise InvalidInputError(f"save needs a checkpoint name (a string), got {name!r}")
-        safe_child(state.config.checkpoint_dir, user, run_id, name)  # refuses traversal before anything runs
-        if name == SAMPLER_WEIGHTS_DIR:
-            raise InvalidInputError(f"the checkpoint name {name!r} is reserved for sampler weights saved over Tinker")
-        ttl_seconds = check_ttl_seconds(kwargs.pop("ttl_seconds", None))  # the server's option, not the model's
+        name = kwargs["name"]
+        ttl_seconds = kwargs.pop("ttl_seconds")  # the server's option, not the model's
         kwargs["output_dir"] = str(safe_child(state.config.checkpoint_dir, user, run_id))
 
         def record(path: Any) -> str:

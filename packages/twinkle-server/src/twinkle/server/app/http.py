@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from twinkle import wire
@@ -53,18 +54,25 @@ def reply(request: Request, value: Any, status: int = 200) -> Response:
 
 
 def caller(request: Request) -> str:
-    """The user whose API key came with the request (``Authorization: Bearer`` or ``X-API-Key``)."""
-    header = request.headers.get("authorization") or request.headers.get("x-api-key")
-    user = authenticate(request.app.state.server.store, header)
-    request.app.state.server.quotas.check_rate(user)
-    return user
+    """The user whose API key came with the request (``Authorization: Bearer`` or ``X-API-Key``); asked
+    once per request (the body's reader and the route both want it, the rate limit counts it once)."""
+    user = getattr(request.state, "user", None)
+    if user is None:
+        header = request.headers.get("authorization") or request.headers.get("x-api-key")
+        user = authenticate(request.app.state.server.store, header)
+        request.app.state.server.quotas.check_rate(user)
+        request.state.user = user
+    return str(user)
 
 
 def error_reply(request: Request, exc: BaseException) -> Response:
     status, body = error_response(exc)
     if isinstance(exc, MalformedBodyError):
         status = 422
-    return reply(request, body, status)
+    response = reply(request, body, status)
+    if isinstance(exc, HTTPException) and exc.headers:
+        response.headers.update(exc.headers)  # e.g. Allow of a 405
+    return response
 
 
 def _jsonable(value: Any) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
@@ -11,31 +11,52 @@ from fastapi.responses import Response
 from twinkle import wire
 from twinkle.errors import InvalidInputError, PermissionDeniedError, ResourceNotFoundError
 from twinkle.server.app.calls import count_tokens, hold_checkpoint
-from twinkle.server.app.http import caller, read_body, reply
+from twinkle.server.app.http import caller, reply
 from twinkle.server.app.routes_runs import owned_run, server
+from twinkle.server.app.routing import NativeRoute
+from twinkle.server.app.schemas.common import Empty, FutureCreated
+from twinkle.server.app.schemas.misc import (
+    CreateDataloader,
+    CreateDataset,
+    DataHandle,
+    Decode,
+    Encode,
+    Features,
+    FutureReply,
+    Health,
+    NextBatch,
+    Replicas,
+    Sample,
+    ServerInfo,
+    SessionCreated,
+    Texts,
+)
+from twinkle.server.contract import request_body
 from twinkle.server.services.convert import from_wire, to_wire
 from twinkle.server.services.engine import PoolTask
 from twinkle.server.services.futures import api_of
 
-router = APIRouter()
-api = APIRouter(prefix="/twinkle/v1")
+router = APIRouter(route_class=NativeRoute)
+api = APIRouter(prefix="/twinkle/v1", route_class=NativeRoute)
 MAX_WAIT_S = 60.0
 VERSION = "0.1.0"
 LOOPBACK = "127.0.0.1"
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=Health)
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics", response_class=Response, responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}}
+)
 async def metrics(request: Request) -> Response:
     content, media_type = server(request).telemetry.render()
     return Response(content, media_type=media_type)
 
 
-@router.get("/admin/replicas")
+@router.get("/admin/replicas", response_model=Replicas)
 async def replicas(request: Request) -> Response:
     """Where runs execute (pids, runs, adapters): for the operator on this machine only, so no API key."""
     if request.client is None or request.client.host != LOOPBACK:
@@ -43,7 +64,7 @@ async def replicas(request: Request) -> Response:
     return reply(request, {"replicas": await run_in_threadpool(server(request).engine.replicas)})
 
 
-@api.get("/server_info")
+@api.get("/server_info", response_model=ServerInfo)
 async def server_info(request: Request) -> Response:
     caller(request)
     state = server(request)
@@ -58,21 +79,21 @@ async def server_info(request: Request) -> Response:
     )
 
 
-@api.post("/sessions")
-async def create_session(request: Request) -> Response:
+@api.post("/sessions", response_model=SessionCreated)
+async def create_session(request: Request, _: Annotated[Empty, request_body(Empty)]) -> Response:
     user = caller(request)
     return reply(request, {"session_id": server(request).store.create_session(user).id})
 
 
-@api.post("/sessions/{session_id}/heartbeat")
-async def heartbeat(session_id: str, request: Request) -> Response:
+@api.post("/sessions/{session_id}/heartbeat", response_model=Empty)
+async def heartbeat(session_id: str, request: Request, _: Annotated[Empty, request_body(Empty)]) -> Response:
     user = caller(request)
     if not server(request).store.heartbeat(user, session_id):
         raise ResourceNotFoundError(f"no open session {session_id!r} (it may have expired: create a new one)")
     return reply(request, {})
 
 
-@api.delete("/sessions/{session_id}")
+@api.delete("/sessions/{session_id}", response_model=Empty)
 async def close_session(session_id: str, request: Request) -> Response:
     user = caller(request)
     if not await run_in_threadpool(server(request).close_session, user, session_id):
@@ -80,8 +101,9 @@ async def close_session(session_id: str, request: Request) -> Response:
     return reply(request, {})
 
 
-@api.get("/futures/{future_id}")
+@api.get("/futures/{future_id}", response_model=FutureReply)
 async def get_future(future_id: str, request: Request, wait: float = 0.0) -> Response:
+    """``wait``: seconds to long-poll (at most 60) for the future to finish."""
     user = caller(request)
     timeout = min(max(wait, 0.0), MAX_WAIT_S)
     future = await server(request).futures.wait(user, future_id, timeout)
@@ -99,26 +121,24 @@ async def get_future(future_id: str, request: Request, wait: float = 0.0) -> Res
     return reply(request, {"status": "pending"})
 
 
-@api.post("/sample")
-async def sample(request: Request) -> Response:
+@api.post("/sample", response_model=FutureCreated)
+async def sample(request: Request, body: Annotated[Sample, request_body(Sample)]) -> Response:
     """Sample with a run's current weights, a ``base_model`` checkpoint of the caller's, or the server's model."""
-    user, body, state = caller(request), await read_body(request), server(request)
-    run_id, base_model = body.get("run_id"), body.get("base_model")
+    user, state = caller(request), server(request)
+    run_id, base_model = body.run_id, body.base_model
     if run_id is not None:
         owned_run(state, user, run_id)
-    inputs = from_wire(body.get("inputs"))
+    inputs = from_wire(body.inputs)
     state.quotas.check_tokens(user, count_tokens(inputs))
-    template = body.get("template")
-    if template is not None and not isinstance(template, dict):
-        raise InvalidInputError("template must be {'name': <registered name>, 'kwargs': {...}}")
+    template = None if body.template is None else body.template.model_dump()
     hold = None if base_model is None else hold_checkpoint(state, user, "", base_model)  # kept while the task runs
     release = hold.release if hold is not None else lambda: None
     try:
-        future, created = state.futures.create(user, "sample", run_id, body.get("idempotency_key"))
+        future, created = state.futures.create(user, "sample", run_id, body.idempotency_key)
         if not created:
             release()
             return reply(request, {"future_id": future.id})
-        params, num_samples = body.get("sampling_params"), body.get("num_samples")
+        params, num_samples = body.sampling_params, body.num_samples
 
         def on_done(result: Any, error: BaseException | None) -> None:
             release()
@@ -136,58 +156,52 @@ async def sample(request: Request) -> Response:
     return reply(request, {"future_id": future.id})
 
 
-@api.post("/templates/encode")
-async def encode(request: Request) -> Response:
+@api.post("/templates/encode", response_model=Features)
+async def encode(request: Request, body: Annotated[Encode, request_body(Encode)]) -> Response:
     """Encode trajectories with a registered template of the server's model (the client has no tokenizer)."""
     caller(request)
-    body, state = await read_body(request), server(request)
-    trajectories = body.get("trajectories")
-    if not isinstance(trajectories, list):
-        raise InvalidInputError("trajectories must be a list of {'messages': [...]} objects")
-    template = state.engine.template(body.get("template"))
-    add_generation_prompt = bool(body.get("add_generation_prompt", False))
+    state, trajectories = server(request), body.trajectories
+    template = state.engine.template(None if body.template is None else body.template.model_dump())
+    add_generation_prompt = body.add_generation_prompt
     features = await run_in_threadpool(
         lambda: [template.encode(t, add_generation_prompt=add_generation_prompt) for t in trajectories]
     )
     return reply(request, {"features": features})
 
 
-@api.post("/templates/decode")
-async def decode(request: Request) -> Response:
+@api.post("/templates/decode", response_model=Texts)
+async def decode(request: Request, body: Annotated[Decode, request_body(Decode)]) -> Response:
     caller(request)
-    body, state = await read_body(request), server(request)
-    token_ids = body.get("token_ids")
-    if not isinstance(token_ids, list) or not all(isinstance(ids, list) for ids in token_ids):
-        raise InvalidInputError("token_ids must be a list of token-id lists")
-    template = state.engine.template(body.get("template"))
-    skip = bool(body.get("skip_special_tokens", False))
-    texts = [template.decode(ids, skip_special_tokens=skip) for ids in token_ids]
+    template = server(request).engine.template(None if body.template is None else body.template.model_dump())
+    texts = [template.decode(ids, skip_special_tokens=body.skip_special_tokens) for ids in body.token_ids]
     return reply(request, {"texts": texts})
 
 
-@api.post("/datasets")
-async def create_dataset(request: Request) -> Response:
-    user, body, state = caller(request), await read_body(request), server(request)
-    handle, length = await run_in_threadpool(state.data.create_dataset, user, body)
+@api.post("/datasets", response_model=DataHandle)
+async def create_dataset(request: Request, body: Annotated[CreateDataset, request_body(CreateDataset)]) -> Response:
+    user, state = caller(request), server(request)
+    handle, length = await run_in_threadpool(state.data.create_dataset, user, body.model_dump(exclude_unset=True))
     return reply(request, {"handle": handle, "length": length})
 
 
-@api.post("/dataloaders")
-async def create_dataloader(request: Request) -> Response:
-    user, body, state = caller(request), await read_body(request), server(request)
-    handle, length = await run_in_threadpool(state.data.create_dataloader, user, body)
+@api.post("/dataloaders", response_model=DataHandle)
+async def create_dataloader(
+    request: Request, body: Annotated[CreateDataloader, request_body(CreateDataloader)]
+) -> Response:
+    user, state = caller(request), server(request)
+    handle, length = await run_in_threadpool(state.data.create_dataloader, user, body.model_dump())
     return reply(request, {"handle": handle, "length": length})
 
 
-@api.post("/dataloaders/{handle}/next")
-async def next_batch(handle: str, request: Request) -> Response:
+@api.post("/dataloaders/{handle}/next", response_model=NextBatch)
+async def next_batch(handle: str, request: Request, _: Annotated[Empty, request_body(Empty)]) -> Response:
     user = caller(request)
     batch = await run_in_threadpool(server(request).data.next_batch, user, handle)
     return reply(request, {"end": True} if batch is None else {"batch": batch})
 
 
-@api.post("/dataloaders/{handle}/reset")
-async def reset_dataloader(handle: str, request: Request) -> Response:
+@api.post("/dataloaders/{handle}/reset", response_model=Empty)
+async def reset_dataloader(handle: str, request: Request, _: Annotated[Empty, request_body(Empty)]) -> Response:
     user = caller(request)
     server(request).data.reset(user, handle)
     return reply(request, {})

@@ -2,24 +2,37 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
-from twinkle.errors import ConfigurationError, InvalidInputError, ResourceNotFoundError
+from twinkle.errors import ConfigurationError, ResourceNotFoundError
 from twinkle.server.app import calls
-from twinkle.server.app.http import caller, read_body, reply
+from twinkle.server.app.http import caller, reply
+from twinkle.server.app.routing import NativeRoute
+from twinkle.server.app.schemas.calls import CallReply, CallRequest
+from twinkle.server.app.schemas.common import Empty
+from twinkle.server.app.schemas.runs import (
+    CheckpointList,
+    CheckpointListing,
+    CreateRun,
+    ResumeRun,
+    RunCreated,
+    RunList,
+    RunListing,
+    SetTtl,
+)
 from twinkle.server.app.state import ServerState
+from twinkle.server.contract import request_body
 from twinkle.server.services.convert import from_wire
 from twinkle.server.services.engine import PoolTask
 from twinkle.server.services.pool import SHORT_METHODS
 from twinkle.server.services.runs import largest_rank, record_run
 from twinkle.server.store.base import Checkpoint, Run
 
-router = APIRouter(prefix="/twinkle/v1")
+router = APIRouter(prefix="/twinkle/v1", route_class=NativeRoute)
 
 
 def server(request: Request) -> ServerState:
@@ -33,42 +46,39 @@ def owned_run(state: ServerState, user: str, run_id: str) -> Run:
     return run
 
 
-@router.post("/runs")
-async def create_run(request: Request) -> Response:
-    user, body, state = caller(request), await read_body(request), server(request)
-    lora_config, base_model = body.get("lora_config"), body.get("base_model")
-    if lora_config is not None and not isinstance(lora_config, Mapping):
-        raise InvalidInputError("lora_config must be an object of LoraConfig fields, e.g. {'r': 8}, or null")
-    if base_model is not None:
-        calls.resolve_checkpoint(state, user, "", base_model)  # a checkpoint of this user's, or 404
-    steps = body.get("gradient_accumulation_steps", 1)
-    run = record_run(state.store, state.quotas, user, str(body.get("session_id")), lora_config, steps, base_model)
+@router.post("/runs", response_model=RunCreated)
+async def create_run(request: Request, body: Annotated[CreateRun, request_body(CreateRun)]) -> Response:
+    user, state = caller(request), server(request)
+    if body.base_model is not None:
+        calls.resolve_checkpoint(state, user, "", body.base_model)  # a checkpoint of this user's, or 404
+    steps, lora_config = body.gradient_accumulation_steps, body.lora_dict()
+    run = record_run(state.store, state.quotas, user, body.session_id, lora_config, steps, body.base_model)
     try:
-        await run_in_threadpool(_add_adapter, state, run, body.get("seed"))
+        await run_in_threadpool(_add_adapter, state, run, body.seed)
     except Exception:
         state.store.set_resident(user, run.id, False)
         raise
     return reply(request, {"run_id": run.id})
 
 
-@router.get("/runs")
+@router.get("/runs", response_model=RunList)
 async def list_runs(request: Request) -> Response:
     user, state = caller(request), server(request)
     return reply(request, {"runs": [_listing(state, run) for run in state.store.list_runs(user)]})
 
 
-@router.get("/runs/{run_id}")
+@router.get("/runs/{run_id}", response_model=RunListing)
 async def get_run(run_id: str, request: Request) -> Response:
     user, state = caller(request), server(request)
     return reply(request, _listing(state, owned_run(state, user, run_id)))
 
 
-@router.post("/runs/{run_id}/resume")
-async def resume_run(run_id: str, request: Request) -> Response:
+@router.post("/runs/{run_id}/resume", response_model=RunCreated)
+async def resume_run(run_id: str, request: Request, body: Annotated[ResumeRun, request_body(ResumeRun)]) -> Response:
     """Put a run whose session ended back into the pool (then ``load`` a checkpoint into it)."""
-    user, body, state = caller(request), await read_body(request), server(request)
+    user, state = caller(request), server(request)
     run = owned_run(state, user, run_id)
-    session_id = str(body.get("session_id"))
+    session_id = body.session_id
     if state.store.get_session(user, session_id) is None:
         raise ResourceNotFoundError(f"no open session {session_id!r}")
     if not run.resident:
@@ -78,34 +88,29 @@ async def resume_run(run_id: str, request: Request) -> Response:
     return reply(request, {"run_id": run_id})
 
 
-@router.post("/runs/{run_id}/call")
-async def call(run_id: str, request: Request) -> Response:
-    user, body, state = caller(request), await read_body(request), server(request)
+@router.post("/runs/{run_id}/call", response_model=CallReply)
+async def call(run_id: str, request: Request, body: Annotated[CallRequest, request_body(CallRequest)]) -> Response:
+    """Short methods answer ``{"result"}``; long ones (forward, backward, step, save, ...) ``{"future_id"}``."""
+    user, state = caller(request), server(request)
     run = owned_run(state, user, run_id)
     if not run.resident:
         raise ConfigurationError(f"run {run_id!r} is not in the pool (its session ended); resume it first")
-    method = calls.check_method(body.get("method"))
-    kwargs = from_wire(body.get("kwargs") or {})
-    if not isinstance(kwargs, dict):
-        raise InvalidInputError(f"kwargs must be an object, got {type(kwargs).__name__}")
+    method, kwargs = body.method, from_wire(body.arguments())
     if method in SHORT_METHODS:
         result = await run_in_threadpool(calls.run_short_call, state, user, run_id, method, kwargs)
         return reply(request, {"result": result})
-    key = body.get("idempotency_key")
-    if key is not None and not isinstance(key, str):
-        raise InvalidInputError("idempotency_key must be a string")
-    future_id = calls.submit_long_call(state, user, run_id, method, kwargs, key)
+    future_id = calls.submit_long_call(state, user, run_id, method, kwargs, body.idempotency_key)
     return reply(request, {"future_id": future_id})
 
 
-@router.get("/runs/{run_id}/checkpoints")
+@router.get("/runs/{run_id}/checkpoints", response_model=CheckpointList)
 async def list_checkpoints(run_id: str, request: Request) -> Response:
     user, state = caller(request), server(request)
     owned_run(state, user, run_id)
     return reply(request, {"checkpoints": _checkpoints(state, user, run_id)})
 
 
-@router.delete("/runs/{run_id}/checkpoints/{name}")
+@router.delete("/runs/{run_id}/checkpoints/{name}", response_model=Empty)
 async def delete_checkpoint(run_id: str, name: str, request: Request) -> Response:
     user, state = caller(request), server(request)
     owned_run(state, user, run_id)
@@ -114,15 +119,15 @@ async def delete_checkpoint(run_id: str, name: str, request: Request) -> Respons
     return reply(request, {})
 
 
-@router.put("/runs/{run_id}/checkpoints/{name}/ttl")
-async def set_checkpoint_ttl(run_id: str, name: str, request: Request) -> Response:
+@router.put("/runs/{run_id}/checkpoints/{name}/ttl", response_model=CheckpointListing)
+async def set_checkpoint_ttl(
+    run_id: str, name: str, request: Request, body: Annotated[SetTtl, request_body(SetTtl)]
+) -> Response:
     """``{"ttl_seconds": s}``: the checkpoint expires ``s`` seconds from now; ``null`` keeps it until deleted."""
-    user, body, state = caller(request), await read_body(request), server(request)
+    user, state = caller(request), server(request)
     owned_run(state, user, run_id)
-    if "ttl_seconds" not in body:
-        raise InvalidInputError("the body needs ttl_seconds: a number of seconds, or null to keep the checkpoint")
     shown = calls.checkpoint_reference(run_id, name)
-    return reply(request, _checkpoint(state.checkpoints.set_ttl(user, run_id, name, body["ttl_seconds"], shown)))
+    return reply(request, _checkpoint(state.checkpoints.set_ttl(user, run_id, name, body.ttl_seconds, shown)))
 
 
 def _listing(state: ServerState, run: Run) -> dict[str, Any]:

@@ -12,7 +12,8 @@ from typing import Any
 
 from twinkle.errors import InvalidInputError
 
-_REGISTERED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
+REGISTERED_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,99}$"
+_REGISTERED_NAME = re.compile(REGISTERED_NAME)
 # Methods whose first argument names a component, and the keyword it may also come as.
 COMPONENT_ARGUMENTS = {
     "set_optimizer": "optimizer_cls",

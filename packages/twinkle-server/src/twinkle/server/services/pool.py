@@ -121,11 +121,8 @@ class ModelPool:
                 sampler.remove_adapter(run_id)
 
     def call(self, run_id: str, method: str, kwargs: Mapping[str, Any]) -> Any:
-        """Run one in-process API method on the run's adapter (or its private model)."""
-        if method not in SHORT_METHODS | LONG_METHODS:
-            raise InvalidInputError(f"unknown method {method!r}; callable: {sorted(SHORT_METHODS | LONG_METHODS)}")
-        if "adapter_name" in kwargs:
-            raise InvalidInputError("adapter_name is set by the server (the run id); do not pass it")
+        """Run one in-process API method on the run's adapter (or its private model); the HTTP edge has checked
+        ``method`` and ``kwargs`` (``adapter_name`` cannot be among them)."""
         model = self._private.get(run_id, self.model)
         adapter = run_id if run_id in model.adapter_names else None
         return getattr(model, method)(adapter_name=adapter, **kwargs)

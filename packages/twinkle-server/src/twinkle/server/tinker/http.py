@@ -1,43 +1,40 @@
-"""What every Tinker route shares: the caller, request bodies parsed with the SDK's own types, replies."""
+"""What every Tinker route shares: how operations are documented, the caller, replies."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field
 
 from twinkle.errors import InvalidInputError, ResourceNotFoundError
 from twinkle.server.app.http import caller as authenticated_user
-from twinkle.server.app.http import read_body
+from twinkle.server.app.schemas.common import ErrorDetail
+from twinkle.server.contract import ContractRoute
 from twinkle.server.store.base import Run
 from twinkle.server.tinker.jobs import Caller
 
 PREFIX = "/api/v1"
-ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+class TinkerError(BaseModel):
+    """An error reply of the Tinker API: the SDK shows ``detail``; ``error`` is the native error object."""
+
+    detail: str = Field(description="What the SDK's exception says")
+    error: ErrorDetail | None = None
+
+
+class TinkerRoute(ContractRoute):
+    """Tinker operations: request bodies are the SDK's own types, errors the SDK's shape, replies JSON."""
+
+    error_model = TinkerError
 
 
 def tinker_caller(request: Request) -> Caller:
     """The authenticated user (``X-API-Key: tml-...``) with the server's state."""
     return Caller(authenticated_user(request), request.app.state.server, request.app.state.tinker)
-
-
-async def parse(request: Request, model: type[ModelT]) -> ModelT:
-    """The JSON body as the SDK's request type; a mismatch is the caller's 400 naming the fields."""
-    body = await read_body(request)
-    return validate(model, body)
-
-
-def validate(model: type[ModelT], body: Any) -> ModelT:
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}" for error in exc.errors()
-        )
-        raise InvalidInputError(f"invalid {model.__name__}: {problems}") from None
 
 
 def reply(value: Any) -> JSONResponse:

@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from tinker import types
 
 from twinkle.errors import InvalidInputError, ResourceNotFoundError
-from twinkle.server.app.http import read_body
+from twinkle.server.app.schemas.common import Body, Empty
+from twinkle.server.app.schemas.runs import SetTtl
+from twinkle.server.contract import request_body
 from twinkle.server.store.base import Checkpoint, Run
 from twinkle.server.tinker import checkpoints
-from twinkle.server.tinker.http import PREFIX, owned_run, reply, tinker_caller
+from twinkle.server.tinker.http import PREFIX, TinkerRoute, owned_run, reply, tinker_caller
 from twinkle.server.tinker.jobs import Caller
 from twinkle.server.tinker.paths import CheckpointPath, parse_checkpoint_id, parse_path
 
-router = APIRouter(prefix=PREFIX)
+
+class WeightsInfo(Body):
+    """What the SDK's ``RestClient.get_weights_info_by_tinker_path`` sends."""
+
+    tinker_path: str
+
+
+router = APIRouter(prefix=PREFIX, route_class=TinkerRoute, tags=["tinker"])
 
 
 def _time(seconds: float) -> str:
@@ -65,7 +75,7 @@ def _page(total: int, limit: int, offset: int) -> dict[str, int]:
     return {"offset": offset, "limit": limit, "total_count": total}
 
 
-@router.get("/training_runs")
+@router.get("/training_runs", response_model=types.TrainingRunsResponse)
 async def list_training_runs(request: Request, limit: int = 20, offset: int = 0) -> JSONResponse:
     caller = tinker_caller(request)
     runs = list(reversed(caller.state.store.list_runs(caller.user)))  # newest first
@@ -75,13 +85,13 @@ async def list_training_runs(request: Request, limit: int = 20, offset: int = 0)
     )
 
 
-@router.get("/training_runs/{run_id}")
+@router.get("/training_runs/{run_id}", response_model=types.TrainingRun)
 async def get_training_run(run_id: str, request: Request) -> JSONResponse:
     caller = tinker_caller(request)
     return reply(_training_run(caller, owned_run(caller, run_id)))
 
 
-@router.get("/training_runs/{run_id}/checkpoints")
+@router.get("/training_runs/{run_id}/checkpoints", response_model=types.CheckpointsListResponse)
 async def list_checkpoints(run_id: str, request: Request, limit: int = 1000, offset: int = 0) -> JSONResponse:
     caller = tinker_caller(request)
     owned_run(caller, run_id)
@@ -90,7 +100,7 @@ async def list_checkpoints(run_id: str, request: Request, limit: int = 1000, off
     return reply({"checkpoints": [_checkpoint(run_id, c) for c in saved[offset : offset + limit]], "cursor": cursor})
 
 
-@router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
+@router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}", response_model=Empty)
 async def delete_checkpoint(run_id: str, checkpoint_id: str, request: Request) -> JSONResponse:
     caller = tinker_caller(request)
     owned_run(caller, run_id)
@@ -98,24 +108,24 @@ async def delete_checkpoint(run_id: str, checkpoint_id: str, request: Request) -
     return reply({})
 
 
-@router.put("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/ttl")
-async def set_checkpoint_ttl(run_id: str, checkpoint_id: str, request: Request) -> JSONResponse:
+@router.put("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/ttl", response_model=Empty)
+async def set_checkpoint_ttl(
+    run_id: str, checkpoint_id: str, request: Request, body: Annotated[SetTtl, request_body(SetTtl)]
+) -> JSONResponse:
     """``{ttl_seconds}``: the checkpoint expires that many seconds from now; ``null`` keeps it until deleted."""
-    caller, body = tinker_caller(request), await read_body(request)
+    caller = tinker_caller(request)
     owned_run(caller, run_id)
-    if "ttl_seconds" not in body:
-        raise InvalidInputError("the body needs ttl_seconds: a number of seconds, or null to keep the checkpoint")
-    checkpoints.set_ttl(caller, parse_checkpoint_id(run_id, checkpoint_id), body["ttl_seconds"])
+    checkpoints.set_ttl(caller, parse_checkpoint_id(run_id, checkpoint_id), body.ttl_seconds)
     return reply({})
 
 
-@router.post("/weights_info")
-async def weights_info(request: Request) -> JSONResponse:
-    caller, body = tinker_caller(request), await read_body(request)
-    target = parse_path(body.get("tinker_path"))
+@router.post("/weights_info", response_model=types.WeightsInfoResponse)
+async def weights_info(request: Request, body: Annotated[WeightsInfo, request_body(WeightsInfo)]) -> JSONResponse:
+    caller = tinker_caller(request)
+    target = parse_path(body.tinker_path)
     run = caller.state.store.get_run(caller.user, target.run_id)
     if run is None or caller.state.checkpoints.get(caller.user, target.run_id, target.store_name) is None:
-        raise ResourceNotFoundError(f"no checkpoint {body.get('tinker_path')!r}")
+        raise ResourceNotFoundError(f"no checkpoint {body.tinker_path!r}")
     return reply(
         {
             "base_model": run.metadata.get("base_model") or caller.state.config.model_id,

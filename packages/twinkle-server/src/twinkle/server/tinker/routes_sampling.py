@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from tinker import types
 
 from twinkle.errors import InvalidInputError, ResourceNotFoundError
+from twinkle.server.contract import request_body
 from twinkle.server.services.engine import FunctionTask, PoolTask
 from twinkle.server.store.base import Run
 from twinkle.server.tinker import checkpoints, sampling
-from twinkle.server.tinker.http import PREFIX, check_base_model, future, parse, reply, tinker_caller
+from twinkle.server.tinker.http import PREFIX, TinkerRoute, check_base_model, future, reply, tinker_caller
 from twinkle.server.tinker.jobs import Caller, drop_sampler_adapters, submit
 from twinkle.server.tinker.paths import sampler_id
 from twinkle.server.tinker.replies import json_result
 from twinkle.server.tinker.state import SamplingSession
 
-router = APIRouter(prefix=PREFIX)
+router = APIRouter(prefix=PREFIX, route_class=TinkerRoute, tags=["tinker"])
 
 
 def submit_snapshot(caller: Caller, run: Run, sampling_session_seq_id: int, kind: str, seq_id: int | None) -> str:
@@ -59,9 +60,12 @@ def _session_for(caller: Caller, session_id: str, base_model: str | None, model_
     return SamplingSession(session_id, caller.user, base_model, None, None)
 
 
-@router.post("/create_sampling_session")
-async def create_sampling_session(request: Request) -> JSONResponse:
-    caller, body = tinker_caller(request), await parse(request, types.CreateSamplingSessionRequest)
+@router.post("/create_sampling_session", response_model=types.CreateSamplingSessionResponse)
+async def create_sampling_session(
+    request: Request,
+    body: Annotated[types.CreateSamplingSessionRequest, request_body(types.CreateSamplingSessionRequest)],
+) -> JSONResponse:
+    caller = tinker_caller(request)
     if caller.state.store.get_session(caller.user, body.session_id) is None:
         raise ResourceNotFoundError(f"no open session {body.session_id!r}")
     session_id = sampler_id(body.session_id, body.sampling_session_seq_id)
@@ -69,16 +73,18 @@ async def create_sampling_session(request: Request) -> JSONResponse:
     return reply({"sampling_session_id": session_id, "type": "create_sampling_session"})
 
 
-@router.get("/samplers/{sampling_session_id}")
+@router.get("/samplers/{sampling_session_id}", response_model=types.GetSamplerResponse)
 async def get_sampler(sampling_session_id: str, request: Request) -> JSONResponse:
     caller = tinker_caller(request)
     session = caller.tinker.session(caller.user, sampling_session_id)
     return reply({"sampler_id": session.id, "base_model": session.base_model, "model_path": session.model_path})
 
 
-@router.post("/asample")
-async def asample(request: Request) -> JSONResponse:
-    caller, body = tinker_caller(request), await parse(request, types.SampleRequest)
+@router.post("/asample", response_model=types.UntypedAPIFuture)
+async def asample(
+    request: Request, body: Annotated[types.SampleRequest, request_body(types.SampleRequest)]
+) -> JSONResponse:
+    caller = tinker_caller(request)
     if body.sampling_session_id is not None:
         session = caller.tinker.session(caller.user, body.sampling_session_id)
     else:  # the legacy form names the weights on every request

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import JsonValue
 from tinker import types
+from tinker.types.try_again_response import TryAgainResponse
 
 from twinkle.errors import InvalidInputError
+from twinkle.server.contract import request_body
 from twinkle.server.services.engine import FunctionTask
 from twinkle.server.services.futures import api_of
 from twinkle.server.services.runs import record_run
@@ -19,19 +22,19 @@ from twinkle.server.tinker import checkpoints, training
 from twinkle.server.tinker.codec import decode_forward_backward
 from twinkle.server.tinker.http import (
     PREFIX,
+    TinkerRoute,
     check_base_model,
     future,
-    parse,
     reply,
     resident_run,
     tinker_caller,
 )
 from twinkle.server.tinker.jobs import API, Caller, skip_turn, submit
 from twinkle.server.tinker.paths import CheckpointPath, training_run_id
-from twinkle.server.tinker.replies import POLL_WAIT_S, future_reply
+from twinkle.server.tinker.replies import POLL_WAIT_S, PROTO_MEDIA_TYPE, future_reply
 from twinkle.server.tinker.routes_sampling import submit_snapshot
 
-router = APIRouter(prefix=PREFIX)
+router = APIRouter(prefix=PREFIX, route_class=TinkerRoute, tags=["tinker"])
 
 
 def _new_run(
@@ -73,9 +76,11 @@ def _new_run(
     return future(request_id, model_id=run_id)
 
 
-@router.post("/create_model")
-async def create_model(request: Request) -> JSONResponse:
-    caller, body = tinker_caller(request), await parse(request, types.CreateModelRequest)
+@router.post("/create_model", response_model=types.UntypedAPIFuture)
+async def create_model(
+    request: Request, body: Annotated[types.CreateModelRequest, request_body(types.CreateModelRequest)]
+) -> JSONResponse:
+    caller = tinker_caller(request)
     check_base_model(caller, body.base_model)
     if body.optimizer_config.type != "adamw":
         raise InvalidInputError(f"optimizer {body.optimizer_config.type!r} is not supported; this server uses AdamW")
@@ -93,9 +98,11 @@ async def create_model(request: Request) -> JSONResponse:
     return _new_run(caller, body.session_id, body.model_seq_id, config, metadata, then=None)
 
 
-@router.post("/get_info")
-async def get_info(request: Request) -> JSONResponse:
-    caller, body = tinker_caller(request), await parse(request, types.GetInfoRequest)
+@router.post("/get_info", response_model=types.GetInfoResponse)
+async def get_info(
+    request: Request, body: Annotated[types.GetInfoRequest, request_body(types.GetInfoRequest)]
+) -> JSONResponse:
+    caller = tinker_caller(request)
     run = resident_run(caller, body.model_id)
     engine, base_model = caller.state.engine, run.metadata.get("base_model") or caller.state.config.model_id
     rank = int((run.lora_config or {}).get("r", 0))
@@ -111,7 +118,17 @@ async def get_info(request: Request) -> JSONResponse:
     )
 
 
-@router.post("/forward_backward")
+FORWARD_BACKWARD_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "The SDK's ForwardBackwardRequest protobuf (tinker.proto), zstd-compressed when "
+        "Content-Encoding says so",
+        "content": {PROTO_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
+@router.post("/forward_backward", response_model=types.UntypedAPIFuture, openapi_extra=FORWARD_BACKWARD_BODY)
 async def forward_backward(request: Request) -> JSONResponse:
     caller = tinker_caller(request)
     call = decode_forward_backward(await request.body(), request.headers.get("content-encoding"))
@@ -139,9 +156,11 @@ async def forward_backward(request: Request) -> JSONResponse:
     return future(request_id, model_id=call.model_id)
 
 
-@router.post("/optim_step")
-async def optim_step(request: Request) -> JSONResponse:
-    caller, body = tinker_caller(request), await parse(request, types.OptimStepRequest)
+@router.post("/optim_step", response_model=types.UntypedAPIFuture)
+async def optim_step(
+    request: Request, body: Annotated[types.OptimStepRequest, request_body(types.OptimStepRequest)]
+) -> JSONResponse:
+    caller = tinker_caller(request)
     resident_run(caller, body.model_id)
     try:
         params = _adam_params(body.optim_params)
@@ -153,17 +172,22 @@ async def optim_step(request: Request) -> JSONResponse:
     return future(request_id, model_id=body.model_id)
 
 
-@router.post("/save_weights")
-async def save_weights(request: Request) -> JSONResponse:
-    caller, body = tinker_caller(request), await parse(request, types.SaveWeightsRequest)
+@router.post("/save_weights", response_model=types.UntypedAPIFuture)
+async def save_weights(
+    request: Request, body: Annotated[types.SaveWeightsRequest, request_body(types.SaveWeightsRequest)]
+) -> JSONResponse:
+    caller = tinker_caller(request)
     resident_run(caller, body.model_id)
     target = CheckpointPath(body.model_id, "training", str(body.path))
     return _save(caller, target, body.seq_id, bool(body.overwrite), body.ttl_seconds)
 
 
-@router.post("/save_weights_for_sampler")
-async def save_weights_for_sampler(request: Request) -> JSONResponse:
-    caller, body = tinker_caller(request), await parse(request, types.SaveWeightsForSamplerRequest)
+@router.post("/save_weights_for_sampler", response_model=types.UntypedAPIFuture)
+async def save_weights_for_sampler(
+    request: Request,
+    body: Annotated[types.SaveWeightsForSamplerRequest, request_body(types.SaveWeightsForSamplerRequest)],
+) -> JSONResponse:
+    caller = tinker_caller(request)
     run = resident_run(caller, body.model_id)
     if body.path is not None:
         target = CheckpointPath(run.id, "sampler", body.path)
@@ -201,9 +225,11 @@ def _save(
     return future(request_id, model_id=target.run_id)
 
 
-@router.post("/load_weights")
-async def load_weights(request: Request) -> JSONResponse:
-    caller, body = tinker_caller(request), await parse(request, types.LoadWeightsRequest)
+@router.post("/load_weights", response_model=types.UntypedAPIFuture)
+async def load_weights(
+    request: Request, body: Annotated[types.LoadWeightsRequest, request_body(types.LoadWeightsRequest)]
+) -> JSONResponse:
+    caller = tinker_caller(request)
     if body.session_id is not None:  # create a model from a checkpoint (the SDK names it itself)
         if body.model_seq_id is None:
             raise InvalidInputError("load_weights with session_id needs model_seq_id")
@@ -241,9 +267,30 @@ async def load_weights(request: Request) -> JSONResponse:
     return future(request_id, model_id=run.id)
 
 
-@router.post("/retrieve_future")
-async def retrieve_future(request: Request) -> Response:
-    caller, body = tinker_caller(request), await parse(request, types.FutureRetrieveRequest)
+RETRIEVED_PROTO = {200: {"content": {PROTO_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}}
+# What a future holds once retrieved, in JSON; forward/backward results come as the SDK's protobuf instead,
+# and sampling results as the JSON its (non-pydantic) SampleResponse reads.
+RetrievedFuture = (
+    TryAgainResponse
+    | types.RequestFailedResponse
+    | types.OptimStepResponse
+    | types.SaveWeightsResponse
+    | types.SaveWeightsForSamplerResponse
+    | types.LoadWeightsResponse
+    | types.CreateModelResponse
+    | dict[str, JsonValue]
+)
+
+
+@router.post(
+    "/retrieve_future",
+    response_model=RetrievedFuture,
+    responses=RETRIEVED_PROTO,  # forward/backward results come as the SDK's protobuf
+)
+async def retrieve_future(
+    request: Request, body: Annotated[types.FutureRetrieveRequest, request_body(types.FutureRetrieveRequest)]
+) -> Response:
+    caller = tinker_caller(request)
     found = await caller.state.futures.wait(caller.user, body.request_id, POLL_WAIT_S)
     if api_of(found.method) != API:
         raise InvalidInputError(f"{body.request_id!r} is a native Twinkle future; poll it at /twinkle/v1/futures")
