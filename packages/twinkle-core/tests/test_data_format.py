@@ -64,6 +64,20 @@ def test_validate_input_feature_accepts_array_likes():
         ({"messages": [{"role": "robot", "content": "hi"}]}, r"messages\[0\]\.role must be one of"),
         ({"messages": [{"role": "user", "content": 3}]}, r"messages\[0\]\.content must be a string"),
         ({"messages": [{"role": "user", "content": "x"}], "user_data": [1]}, "user_data must be a dict"),
+        (
+            {"messages": [{"role": "assistant", "content": "", "tool_calls": "AAA"}]},
+            r"messages\[0\]\.tool_calls must be a list",
+        ),
+        (
+            {"messages": [{"role": "assistant", "content": "", "tool_calls": [{"arguments": {}}]}]},
+            r"messages\[0\]\.tool_calls\[0\] must be",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "rejected_messages": [{"role": "user"}]},
+            r"rejected_messages\[0\]\.content must be a string",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}], "rejected_messages": []}, "rejected_messages must be"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": "search"}, "tools must be a list"),
     ],
 )
 def test_validate_trajectory_names_the_field(row, message):

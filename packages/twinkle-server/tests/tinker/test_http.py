@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tinker
 from fastapi.testclient import TestClient
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
@@ -20,6 +21,9 @@ from twinkle.server.config import Quotas, ServerConfig
 from twinkle.server.store import SQLiteStore
 
 API = "/api/v1"
+
+
+NEW_SESSION = {"tags": [], "user_metadata": {}, "sdk_version": tinker.__version__}  # what the SDK sends
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +39,7 @@ def server(tmp_path_factory):
 
 
 def _model(client, headers) -> str:
-    session = client.post(f"{API}/create_session", headers=headers, json={"tags": [], "user_metadata": {}}).json()
+    session = client.post(f"{API}/create_session", headers=headers, json=NEW_SESSION).json()
     body = {
         "session_id": session["session_id"],
         "model_seq_id": 0,
@@ -134,13 +138,15 @@ def test_another_users_model_and_future_do_not_exist_for_them(server):
 
 def test_sessions_heartbeat_finish_and_telemetry(server):
     client, headers = server
-    session = client.post(f"{API}/create_session", headers=headers["ann"], json={}).json()["session_id"]
+    session = client.post(f"{API}/create_session", headers=headers["ann"], json=NEW_SESSION).json()["session_id"]
     beat = {"session_id": session, "type": "session_heartbeat"}
     assert client.post(f"{API}/session_heartbeat", headers=headers["ann"], json=beat).status_code == 200
     finish = {"reason": {"type": "success"}, "detail": None}
     assert client.post(f"{API}/sessions/{session}/finish", headers=headers["ann"], json=finish).status_code == 200
     assert client.post(f"{API}/session_heartbeat", headers=headers["ann"], json=beat).status_code == 410
-    telemetry = client.post(f"{API}/telemetry", headers=headers["ann"], json={"events": []})
+    events = {"events": [], "platform": "linux", "sdk_version": tinker.__version__, "session_id": session}
+    events["process_uuid"] = "3f2b0c9e-0000-4000-8000-000000000000"
+    telemetry = client.post(f"{API}/telemetry", headers=headers["ann"], json=events)
     assert telemetry.json() == {"status": "accepted"}
     assert client.post(f"{API}/client/config", headers={"X-API-Key": "tml-wrong-key-0123456789"}).status_code == 401
 

@@ -12,8 +12,9 @@ trajectory that produced the feature may ride along (``messages``,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
+from annotated_types import Ge, MinLen
 from typing_extensions import NotRequired, TypedDict  # pydantic needs this TypedDict below Python 3.12
 
 from twinkle.data_format.message import Message
@@ -25,9 +26,12 @@ TOKEN_FIELDS: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids", 
 
 
 class InputFeature(TypedDict):
-    """One encoded sequence. Only ``input_ids`` is required; see module docstring."""
+    """One encoded sequence. Only ``input_ids`` is required; see module docstring.
 
-    input_ids: list[int]
+    The ``Annotated`` bounds are what :func:`validate_input_feature` enforces, spelled out for schemas.
+    """
+
+    input_ids: Annotated[list[Annotated[int, Ge(0)]], MinLen(1)]
     attention_mask: NotRequired[list[int]]
     position_ids: NotRequired[list[int]]
     labels: NotRequired[list[int]]

@@ -8,8 +8,9 @@ and returns it unchanged, raising :class:`InvalidInputError` that names the fiel
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from annotated_types import MinLen
 from typing_extensions import NotRequired, TypedDict  # pydantic (the server's HTTP schemas) needs this TypedDict
 
 from twinkle.errors import InvalidInputError
@@ -30,8 +31,9 @@ class Message(TypedDict):
 
     role: Role
     content: str
-    reasoning_content: NotRequired[str]
-    tool_calls: NotRequired[list[ToolCall]]
+    # None as absent: dataset rows fill columns a message lacks with None
+    reasoning_content: NotRequired[str | None]
+    tool_calls: NotRequired[list[ToolCall] | None]
 
 
 class Tool(TypedDict):
@@ -50,10 +52,10 @@ class Trajectory(TypedDict):
     of ``messages`` (the chosen one), with the same prompt.
     """
 
-    messages: list[Message]
+    messages: Annotated[list[Message], MinLen(1)]  # bounds as validate_trajectory enforces them, for schemas
     tools: NotRequired[list[Tool]]
     user_data: NotRequired[dict[str, Any]]
-    rejected_messages: NotRequired[list[Message]]
+    rejected_messages: NotRequired[Annotated[list[Message], MinLen(1)]]
 
 
 def validate_message(message: Any, where: str = "message") -> Message:
@@ -69,18 +71,38 @@ def validate_message(message: Any, where: str = "message") -> Message:
     reasoning = message.get("reasoning_content")
     if reasoning is not None and not isinstance(reasoning, str):
         raise InvalidInputError(f"{where}.reasoning_content must be a string when given")
+    tool_calls = message.get("tool_calls")
+    if tool_calls is not None:
+        if not isinstance(tool_calls, list):
+            raise InvalidInputError(f"{where}.tool_calls must be a list of {{'name', 'arguments'}} objects")
+        for i, call in enumerate(tool_calls):
+            if not (
+                isinstance(call, Mapping)
+                and isinstance(call.get("name"), str)
+                and isinstance(call.get("arguments"), Mapping)
+            ):
+                raise InvalidInputError(
+                    f"{where}.tool_calls[{i}] must be {{'name': str, 'arguments': {{...}}}}, got {call!r:.80}"
+                )
     return message  # type: ignore[return-value]
 
 
 def validate_trajectory(row: Any, where: str = "trajectory") -> Trajectory:
-    """Check a trajectory row: a non-empty ``messages`` list of valid messages."""
+    """Check a trajectory row: a non-empty ``messages`` list of valid messages (``rejected_messages`` too, when
+    given), ``tools`` a list of tool objects."""
     if not isinstance(row, Mapping):
         raise InvalidInputError(f"{where} must be a dict with a 'messages' list, got {type(row).__name__}")
-    messages = row.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidInputError(f"{where}.messages must be a non-empty list of messages, got {messages!r:.80}")
-    for i, message in enumerate(messages):
-        validate_message(message, f"{where}.messages[{i}]")
+    for key in ("messages", "rejected_messages"):
+        messages = row.get(key)
+        if key == "rejected_messages" and messages is None:
+            continue
+        if not isinstance(messages, list) or not messages:
+            raise InvalidInputError(f"{where}.{key} must be a non-empty list of messages, got {messages!r:.80}")
+        for i, message in enumerate(messages):
+            validate_message(message, f"{where}.{key}[{i}]")
+    tools = row.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(tool, Mapping) for tool in tools)):
+        raise InvalidInputError(f"{where}.tools must be a list of tool objects when given")
     user_data = row.get("user_data")
     if user_data is not None and not isinstance(user_data, Mapping):
         raise InvalidInputError(f"{where}.user_data must be a dict when given")

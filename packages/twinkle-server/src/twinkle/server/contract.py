@@ -56,9 +56,9 @@ def invalid_input(model: type[BaseModel], exc: ValidationError) -> InvalidInputE
         # Our own validators' messages already name the field (e.g. "inputs[0].input_ids[0] must be an int").
         own = error.get("ctx", {}).get("error") if error["type"] == "value_error" else None
         problems.append(str(own) if own is not None else f"{location or 'body'}: {error['msg']}")
-    error = InvalidInputError(f"invalid {model.__name__}: {'; '.join(problems)}")
-    error.field = fields[0] if fields else None  # type: ignore[attr-defined]  # reported as error.field
-    return error
+    invalid = InvalidInputError(f"invalid {model.__name__}: {'; '.join(problems)}")
+    invalid.field = fields[0] if fields else None  # type: ignore[attr-defined]  # reported as error.field
+    return invalid
 
 
 def request_body(model: type[ModelT]) -> Any:

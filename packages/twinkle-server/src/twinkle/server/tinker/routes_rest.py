@@ -5,12 +5,13 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from pydantic import Field
 from tinker import types
 
-from twinkle.errors import InvalidInputError, ResourceNotFoundError
+from twinkle.errors import ResourceNotFoundError
 from twinkle.server.app.schemas.common import Body, Empty
 from twinkle.server.app.schemas.runs import SetTtl
 from twinkle.server.contract import request_body
@@ -24,7 +25,11 @@ from twinkle.server.tinker.paths import CheckpointPath, parse_checkpoint_id, par
 class WeightsInfo(Body):
     """What the SDK's ``RestClient.get_weights_info_by_tinker_path`` sends."""
 
-    tinker_path: str
+    tinker_path: str = Field(pattern=r"^(tinker|twinkle)://", description="tinker://<run_id>/weights/<name>, ...")
+
+
+Limit = Annotated[int, Query(ge=1, le=10_000)]
+Offset = Annotated[int, Query(ge=0)]
 
 
 router = APIRouter(prefix=PREFIX, route_class=TinkerRoute, tags=["tinker"])
@@ -70,13 +75,11 @@ def _training_run(caller: Caller, run: Run) -> dict[str, Any]:
 
 
 def _page(total: int, limit: int, offset: int) -> dict[str, int]:
-    if limit < 1 or offset < 0:
-        raise InvalidInputError(f"limit must be >= 1 and offset >= 0, got limit={limit}, offset={offset}")
     return {"offset": offset, "limit": limit, "total_count": total}
 
 
 @router.get("/training_runs", response_model=types.TrainingRunsResponse)
-async def list_training_runs(request: Request, limit: int = 20, offset: int = 0) -> JSONResponse:
+async def list_training_runs(request: Request, limit: Limit = 20, offset: Offset = 0) -> JSONResponse:
     caller = tinker_caller(request)
     runs = list(reversed(caller.state.store.list_runs(caller.user)))  # newest first
     cursor = _page(len(runs), limit, offset)
@@ -92,7 +95,7 @@ async def get_training_run(run_id: str, request: Request) -> JSONResponse:
 
 
 @router.get("/training_runs/{run_id}/checkpoints", response_model=types.CheckpointsListResponse)
-async def list_checkpoints(run_id: str, request: Request, limit: int = 1000, offset: int = 0) -> JSONResponse:
+async def list_checkpoints(run_id: str, request: Request, limit: Limit = 1000, offset: Offset = 0) -> JSONResponse:
     caller = tinker_caller(request)
     owned_run(caller, run_id)
     saved = caller.state.checkpoints.run_checkpoints(caller.user, run_id) or []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
@@ -72,7 +72,9 @@ async def create_session(
     return reply({"session_id": session.id, "type": "create_session"})
 
 
-SESSION_GONE = {410: {"model": TinkerError, "description": "The session is closed or unknown (the SDK stops beating)"}}
+SESSION_GONE: dict[int | str, dict[str, Any]] = {
+    410: {"model": TinkerError, "description": "The session is closed or unknown (the SDK stops beating)"}
+}
 
 
 @router.post("/session_heartbeat", response_model=types.SessionHeartbeatResponse, responses=SESSION_GONE)
@@ -87,7 +89,11 @@ async def session_heartbeat(
 
 
 @router.post("/sessions/{session_id}/finish", response_model=Empty)
-async def finish_session(session_id: str, request: Request, _: Annotated[Empty, request_body(Empty)]) -> JSONResponse:
+async def finish_session(
+    session_id: str,
+    request: Request,
+    _: Annotated[types.ClientSessionFinished, request_body(types.ClientSessionFinished)],
+) -> JSONResponse:
     caller = tinker_caller(request)
     if not await run_in_threadpool(caller.state.close_session, caller.user, session_id):
         raise ResourceNotFoundError(f"no open session {session_id!r}")

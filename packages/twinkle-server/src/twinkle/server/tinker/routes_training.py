@@ -267,7 +267,9 @@ async def load_weights(
     return future(request_id, model_id=run.id)
 
 
-RETRIEVED_PROTO = {200: {"content": {PROTO_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}}
+RETRIEVED_PROTO: dict[int | str, dict[str, Any]] = {
+    200: {"content": {PROTO_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}
+}
 # What a future holds once retrieved, in JSON; forward/backward results come as the SDK's protobuf instead,
 # and sampling results as the JSON its (non-pydantic) SampleResponse reads.
 RetrievedFuture = (

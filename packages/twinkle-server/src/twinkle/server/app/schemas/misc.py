@@ -60,7 +60,7 @@ class Sample(Body):
     """Sample with a run's current weights (``run_id``), a ``base_model`` checkpoint, or the server's model."""
 
     run_id: Id | None = None
-    base_model: str | None = None
+    base_model: Annotated[str | None, Field(min_length=1, description="A twinkle:// checkpoint of the caller's")] = None
     inputs: Inputs
     sampling_params: SamplingParams | None = None
     num_samples: Annotated[int, Field(ge=1, le=1024)] | None = None

@@ -26,7 +26,9 @@ class CreateRun(Body):
 
     session_id: Id
     lora_config: LoraFields | None = None
-    base_model: Annotated[str | None, Field(description="A twinkle:// checkpoint of the caller's to start from")] = None
+    base_model: Annotated[
+        str | None, Field(min_length=1, description="A twinkle:// checkpoint of the caller's to start from")
+    ] = None
     gradient_accumulation_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 1
     seed: Annotated[int, Field(ge=-(2**63), lt=2**64)] | None = None  # what torch.manual_seed takes
 
