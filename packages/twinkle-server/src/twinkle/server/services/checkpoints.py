@@ -24,7 +24,7 @@ from types import TracebackType
 
 from twinkle.errors import ConfigurationError, ResourceNotFoundError
 from twinkle.server.paths import safe_child
-from twinkle.server.store import Checkpoint, Store, check_ttl_seconds
+from twinkle.server.store import Checkpoint, Store
 from twinkle.utils import get_logger
 
 logger = get_logger(__name__)
@@ -112,9 +112,9 @@ class Checkpoints:
             raise ResourceNotFoundError(f"no run {run_id!r}")
         return checkpoint
 
-    def set_ttl(self, user: str, run_id: str, name: str, ttl_seconds: object, shown: str) -> Checkpoint:
-        """Expire the checkpoint ``ttl_seconds`` from now, or never (None); a bad value changes nothing."""
-        checkpoint = self.store.set_checkpoint_ttl(user, run_id, name, check_ttl_seconds(ttl_seconds))
+    def set_ttl(self, user: str, run_id: str, name: str, ttl_seconds: float | None, shown: str) -> Checkpoint:
+        """Expire the checkpoint ``ttl_seconds`` from now, or never (None); the store refuses a bad value."""
+        checkpoint = self.store.set_checkpoint_ttl(user, run_id, name, ttl_seconds)
         if checkpoint is None:
             raise ResourceNotFoundError(f"no checkpoint {shown!r}")
         return checkpoint

@@ -59,7 +59,7 @@ def delete(caller: Caller, target: CheckpointPath) -> None:
     caller.state.checkpoints.delete(caller.user, target.run_id, target.store_name, shown=target.tinker_path)
 
 
-def set_ttl(caller: Caller, target: CheckpointPath, ttl_seconds: object) -> None:
+def set_ttl(caller: Caller, target: CheckpointPath, ttl_seconds: float | None) -> None:
     caller.state.checkpoints.set_ttl(caller.user, target.run_id, target.store_name, ttl_seconds, target.tinker_path)
 
 
