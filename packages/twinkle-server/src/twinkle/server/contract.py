@@ -1,7 +1,7 @@
 """The HTTP contract shared by every API: typed request bodies, read and validated once at the edge, and
 what ``/openapi.json`` says about them.
 
-A route declares its body as a parameter, ``body: CreateRun = request_body(CreateRun)``. The body is read
+A route declares its body as a parameter, ``body: Annotated[CreateRun, request_body(CreateRun)]``. The body is read
 in either codec the server speaks (JSON, or the binary wire codec of :mod:`twinkle.wire`, chosen by
 ``Content-Type``) and validated into the model, with the server's limits (vocabulary, context) in the
 validation context; a mismatch is an :class:`~twinkle.errors.InvalidInputError` naming the field. Below
@@ -43,10 +43,10 @@ def validate(model: type[ModelT], body: Any, context: Mapping[str, Any] | None =
     try:
         return model.model_validate(body, context=dict(context or {}))
     except ValidationError as exc:
-        raise invalid_input(model, exc) from None
+        raise _invalid_input(model, exc) from None
 
 
-def invalid_input(model: type[BaseModel], exc: ValidationError) -> InvalidInputError:
+def _invalid_input(model: type[BaseModel], exc: ValidationError) -> InvalidInputError:
     """One error for all of a body's problems; ``field`` is the first one's dotted location."""
     problems, fields = [], []
     for error in exc.errors(include_url=False):

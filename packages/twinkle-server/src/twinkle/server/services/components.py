@@ -14,14 +14,6 @@ from twinkle.errors import InvalidInputError
 
 REGISTERED_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,99}$"
 _REGISTERED_NAME = re.compile(REGISTERED_NAME)
-# Methods whose first argument names a component, and the keyword it may also come as.
-COMPONENT_ARGUMENTS = {
-    "set_optimizer": "optimizer_cls",
-    "set_lr_scheduler": "scheduler_cls",
-    "set_loss": "loss",
-    "set_template": "template",
-    "set_processor": "processor",
-}
 
 
 def check_component_name(name: Any, what: str) -> str:
@@ -32,12 +24,3 @@ def check_component_name(name: Any, what: str) -> str:
             "import paths and objects cannot be sent to a server"
         )
     return name
-
-
-def check_call_components(method: str, kwargs: dict[str, Any]) -> None:
-    """Reject a ``set_*`` call whose component is not a plain registered name."""
-    argument = COMPONENT_ARGUMENTS.get(method)
-    if argument is not None:
-        if argument not in kwargs:
-            raise InvalidInputError(f"{method} needs {argument!r}, the registered name of the component")
-        check_component_name(kwargs[argument], f"{method}({argument}=...)")

@@ -27,7 +27,7 @@ from twinkle.registry import build
 from twinkle.sampler import TorchSampler
 from twinkle.server.services.components import check_component_name
 
-# The in-process API a tenant may call on its run, by how long it takes (short ones are answered directly).
+# The methods of a tenant's run answered directly (the others get a future); ``app.schemas.calls`` lists all.
 SHORT_METHODS = frozenset(
     {
         "set_optimizer",
@@ -39,20 +39,6 @@ SHORT_METHODS = frozenset(
         "zero_grad",
         "lr_step",
         "calculate_metric",
-    }
-)
-LONG_METHODS = frozenset(
-    {
-        "forward",
-        "forward_only",
-        "calculate_loss",
-        "backward",
-        "forward_backward",
-        "step",
-        "clip_grad_norm",
-        "clip_grad_and_step",
-        "save",
-        "load",
     }
 )
 

@@ -79,7 +79,9 @@ class ComponentSpec(Body):
 
 
 def _array(value: Any) -> Any:
-    """A number, a (nested) list of numbers, or a numeric array of the wire codec."""
+    """A number, a (nested) list of numbers, a numeric array of the wire codec, or None (as in-process)."""
+    if value is None:
+        return value
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biuf":
             raise InvalidInputError(f"expected a numeric array, got dtype {value.dtype}")
@@ -89,7 +91,7 @@ def _array(value: Any) -> Any:
     return value
 
 
-_NESTED_NUMBERS = {"anyOf": [{"type": "number"}, {"type": "array", "items": {}}]}
+_NESTED_NUMBERS = {"anyOf": [{"type": "number"}, {"type": "array", "items": {}}, {"type": "null"}]}
 # Loss inputs (advantages, old log-probs, ...): per sample, per token, or one value.
 Array = Annotated[Any, PlainValidator(_array), WithJsonSchema(_NESTED_NUMBERS)]
 
