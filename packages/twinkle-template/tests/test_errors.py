@@ -41,7 +41,7 @@ def test_bad_role_is_named(template: Template) -> None:
 
 
 def test_bad_rejected_messages_are_named(template: Template) -> None:
-    with pytest.raises(InvalidInputError, match=r"rejected_messages\.messages\[0\]\.content must be a string"):
+    with pytest.raises(InvalidInputError, match=r"trajectory\.rejected_messages\[0\]\.content must be a string"):
         template.encode({**CHAT, "rejected_messages": [{"role": "user", "content": 3}]})
 
 

@@ -16,6 +16,7 @@ from twinkle.data_format.input_feature import (
     validate_input_feature,
 )
 from twinkle.data_format.message import (
+    FunctionToolCall,
     Message,
     Tool,
     ToolCall,
@@ -30,6 +31,7 @@ from twinkle.data_format.serde import Serializable
 __all__ = [
     "IGNORE_INDEX",
     "TOKEN_FIELDS",
+    "FunctionToolCall",
     "InputFeature",
     "LossOutput",
     "Message",

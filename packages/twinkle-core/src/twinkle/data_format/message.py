@@ -26,6 +26,13 @@ class ToolCall(TypedDict):
     arguments: dict[str, Any]
 
 
+class FunctionToolCall(TypedDict):
+    """The OpenAI layout of a tool call, accepted as well: ``{"type": "function", "function": {name, arguments}}``."""
+
+    type: NotRequired[str]  # "function"; the templates do not read it
+    function: ToolCall
+
+
 class Message(TypedDict):
     """One chat turn. ``reasoning_content`` holds a thinking trace (Qwen3 style)."""
 
@@ -33,7 +40,7 @@ class Message(TypedDict):
     content: str
     # None as absent: dataset rows fill columns a message lacks with None
     reasoning_content: NotRequired[str | None]
-    tool_calls: NotRequired[list[ToolCall] | None]
+    tool_calls: NotRequired[list[ToolCall | FunctionToolCall] | None]
 
 
 class Tool(TypedDict):
@@ -76,13 +83,16 @@ def validate_message(message: Any, where: str = "message") -> Message:
         if not isinstance(tool_calls, list):
             raise InvalidInputError(f"{where}.tool_calls must be a list of {{'name', 'arguments'}} objects")
         for i, call in enumerate(tool_calls):
+            function = call.get("function", call) if isinstance(call, Mapping) else None
             if not (
-                isinstance(call, Mapping)
-                and isinstance(call.get("name"), str)
-                and isinstance(call.get("arguments"), Mapping)
+                isinstance(function, Mapping)
+                and isinstance(function.get("name"), str)
+                and isinstance(function.get("arguments"), Mapping)
+                and isinstance(call.get("type", ""), str)
             ):
                 raise InvalidInputError(
-                    f"{where}.tool_calls[{i}] must be {{'name': str, 'arguments': {{...}}}}, got {call!r:.80}"
+                    f"{where}.tool_calls[{i}] must be {{'name': str, 'arguments': {{...}}}} (or OpenAI's "
+                    f"{{'function': {{...}}}}), got {call!r:.80}"
                 )
     return message  # type: ignore[return-value]
 

@@ -131,15 +131,8 @@ class Template:
         return len(self._tokenizer)
 
     def check(self, trajectory: Trajectory) -> Trajectory:
-        """Validate a trajectory (and its ``rejected_messages``) before encoding; return it unchanged."""
-        validate_trajectory(trajectory)
-        tools = trajectory.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise InvalidInputError(f"trajectory.tools must be a list of tools, got {type(tools).__name__}")
-        rejected = trajectory.get("rejected_messages")
-        if rejected is not None:
-            validate_trajectory({"messages": rejected}, "trajectory.rejected_messages")
-        return trajectory
+        """Validate a trajectory (its ``rejected_messages`` and ``tools`` too) before encoding; return it unchanged."""
+        return validate_trajectory(trajectory)
 
     def encode(self, trajectory: Trajectory, add_generation_prompt: bool = False) -> InputFeature | None:
         """Encode one trajectory; ``None`` when it is too long under ``truncation_strategy='delete'``.
