@@ -14,7 +14,7 @@ from twinkle.server.app.calls import count_tokens, hold_checkpoint
 from twinkle.server.app.http import caller, reply
 from twinkle.server.app.routes_runs import owned_run, server
 from twinkle.server.app.routing import NativeRoute
-from twinkle.server.app.schemas.common import Empty, FutureCreated
+from twinkle.server.app.schemas.common import Empty, FutureCreated, spec_dict
 from twinkle.server.app.schemas.misc import (
     CreateDataloader,
     CreateDataset,
@@ -130,7 +130,7 @@ async def sample(request: Request, body: Annotated[Sample, request_body(Sample)]
         owned_run(state, user, run_id)
     inputs = from_wire(body.inputs)
     state.quotas.check_tokens(user, count_tokens(inputs))
-    template = None if body.template is None else body.template.model_dump()
+    template = spec_dict(body.template)
     hold = None if base_model is None else hold_checkpoint(state, user, "", base_model)  # kept while the task runs
     release = hold.release if hold is not None else lambda: None
     try:
@@ -161,7 +161,7 @@ async def encode(request: Request, body: Annotated[Encode, request_body(Encode)]
     """Encode trajectories with a registered template of the server's model (the client has no tokenizer)."""
     caller(request)
     state, trajectories = server(request), body.trajectories
-    template = state.engine.template(None if body.template is None else body.template.model_dump())
+    template = state.engine.template(spec_dict(body.template))
     add_generation_prompt = body.add_generation_prompt
     features = await run_in_threadpool(
         lambda: [template.encode(t, add_generation_prompt=add_generation_prompt) for t in trajectories]
@@ -172,7 +172,7 @@ async def encode(request: Request, body: Annotated[Encode, request_body(Encode)]
 @api.post("/templates/decode", response_model=Texts)
 async def decode(request: Request, body: Annotated[Decode, request_body(Decode)]) -> Response:
     caller(request)
-    template = server(request).engine.template(None if body.template is None else body.template.model_dump())
+    template = server(request).engine.template(spec_dict(body.template))
     texts = [template.decode(ids, skip_special_tokens=body.skip_special_tokens) for ids in body.token_ids]
     return reply(request, {"texts": texts})
 

@@ -25,7 +25,6 @@ from twinkle.model import AdapterResult, MultiLoraModel, PassRequest, Transforme
 from twinkle.module import adapter_names
 from twinkle.registry import build
 from twinkle.sampler import TorchSampler
-from twinkle.server.services.components import check_component_name
 
 # The methods of a tenant's run answered directly (the others get a future); ``app.schemas.calls`` lists all.
 SHORT_METHODS = frozenset(
@@ -186,12 +185,11 @@ class Templates:
         self._built: dict[str, Any] = {}
 
     def get(self, spec: Mapping[str, Any] | None, model_path: str | None = None) -> Any:
-        """The template ``{"name", "kwargs"}`` for ``model_path`` (default: the base model's)."""
+        """The template ``{"name", "kwargs"}`` for ``model_path`` (default: the base model's); the HTTP edge
+        has checked the spec (a registered name, plain option values)."""
         spec = dict(spec or {})
-        name = check_component_name(spec.get("name", "Template"), "template.name")
+        name = spec.get("name", "Template")
         kwargs = dict(spec.get("kwargs") or {})
-        if not all(isinstance(value, (str, int, float, bool, type(None))) for value in kwargs.values()):
-            raise InvalidInputError(f"template options must be plain values, got {kwargs}")
         kwargs["model_id"] = model_path or self.model_path  # the tokenizer of the weights being used
         key = repr((name, sorted(kwargs.items())))
         if key not in self._built:

@@ -18,7 +18,6 @@ from twinkle.server.app.schemas.common import (
     Array,
     Body,
     CheckpointName,
-    Empty,
     FutureCreated,
     IdempotencyKey,
     Inputs,
@@ -41,16 +40,25 @@ class Arguments(BaseModel):
         return {name: getattr(self, name) for name in type(self).model_fields} | dict(self.__pydantic_extra__ or {})
 
 
-class WithOptions(Arguments):
-    """A component's name and its constructor options (plain JSON values)."""
+class OpenArguments(Arguments):
+    """Arguments that also take keywords of their own (a component's options, a loss's inputs), except those
+    the server decides."""
 
     model_config = ConfigDict(extra="allow")
-    __pydantic_extra__: dict[str, JsonValue] = Field(init=False)
 
     @model_validator(mode="before")
     @classmethod
     def _no_server_arguments(cls, data: Any) -> Any:
-        return _refuse_server_arguments(data)
+        for name in data if isinstance(data, Mapping) else ():
+            if name in SERVER_ARGUMENTS:
+                raise ValueError(f"{name!r} cannot be set remotely; the server decides it")
+        return data
+
+
+class WithOptions(OpenArguments):
+    """A component's name and its constructor options (plain JSON values)."""
+
+    __pydantic_extra__: dict[str, JsonValue] = Field(init=False)
 
 
 class SetOptimizer(WithOptions):
@@ -81,17 +89,11 @@ class CalculateMetric(Arguments):
     is_training: bool = True
 
 
-class LossInputs(Arguments):
+class LossInputs(OpenArguments):
     """Inputs of the run's loss (``advantages``, ``old_logps``, ``ref_logps``, ...): one entry per sample, or shared."""
 
-    model_config = ConfigDict(extra="allow")
     __pydantic_extra__: dict[str, Array] = Field(init=False)
     counted: ClassVar[bool] = False  # whether per-sample loss inputs must match ``inputs``
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_server_arguments(cls, data: Any) -> Any:
-        return _refuse_server_arguments(data)
 
     @model_validator(mode="after")
     def _loss_inputs_fit(self) -> LossInputs:
@@ -142,8 +144,8 @@ class Load(Arguments):
     load_optimizer: bool = False
 
 
-class NoArguments(Arguments, Empty):
-    pass
+class NoArguments(Arguments):
+    """No arguments."""
 
 
 ARGUMENTS: dict[str, type[Arguments]] = {
@@ -219,10 +221,3 @@ class CallResult(Reply):
 
 
 CallReply = CallResult | FutureCreated
-
-
-def _refuse_server_arguments(data: Any) -> Any:
-    for name in data if isinstance(data, Mapping) else ():
-        if name in SERVER_ARGUMENTS:
-            raise ValueError(f"{name!r} cannot be set remotely; the server decides it")
-    return data

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 import numpy as np
+from annotated_types import MinLen
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator, ValidationInfo, WithJsonSchema
 
 from twinkle.data_format import InputFeature, Trajectory, validate_input_feature, validate_trajectory
@@ -37,9 +38,7 @@ def _registered_name(name: Any, info: ValidationInfo) -> str:
 # A component is named by its registry name, never by an import path (that would run any code on the server).
 RegisteredName = Annotated[
     str,
-    PlainValidator(
-        lambda name, info: check_component_name(name, info.field_name or "name"), json_schema_input_type=str
-    ),
+    PlainValidator(_registered_name, json_schema_input_type=str),
     WithJsonSchema({"type": "string", "pattern": REGISTERED_NAME, "description": "A registered component's name"}),
 ]
 Id = Annotated[str, Field(min_length=1, max_length=200)]
@@ -48,15 +47,9 @@ IdempotencyKey = Annotated[
 ]
 
 
-def _file_name(value: Any) -> str:
-    if not isinstance(value, str):
-        raise InvalidInputError(f"a checkpoint name must be a string, got {type(value).__name__}")
-    return check_name(value)
-
-
 CheckpointName = Annotated[
     str,
-    PlainValidator(_file_name, json_schema_input_type=str),
+    PlainValidator(check_name, json_schema_input_type=str),
     WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 255, "pattern": r"^[^./\\\x00][^/\\\x00]*$"}),
 ]
 TtlSeconds = Annotated[
@@ -76,6 +69,11 @@ class ComponentSpec(Body):
 
     name: RegisteredName = "Template"
     kwargs: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+
+
+def spec_dict(spec: ComponentSpec | None) -> dict[str, Any] | None:
+    """What the services take for an optional component (``None``: their default)."""
+    return None if spec is None else spec.model_dump()
 
 
 def _array(value: Any) -> Any:
@@ -121,7 +119,14 @@ def _inputs(value: Any, info: ValidationInfo) -> Any:
 
 Inputs = Annotated[
     Any,
-    PlainValidator(_inputs, json_schema_input_type=InputFeature | list[InputFeature] | Trajectory | list[Trajectory]),
+    PlainValidator(
+        _inputs,
+        # The lists non-empty, as ``_inputs`` requires.
+        json_schema_input_type=InputFeature
+        | Annotated[list[InputFeature], MinLen(1)]
+        | Trajectory
+        | Annotated[list[Trajectory], MinLen(1)],
+    ),
 ]
 
 
