@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 import numpy as np
-from annotated_types import MinLen
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator, ValidationInfo, WithJsonSchema
 
 from twinkle.data_format import InputFeature, Trajectory, validate_input_feature, validate_trajectory
@@ -123,9 +122,9 @@ Inputs = Annotated[
         _inputs,
         # The lists non-empty, as ``_inputs`` requires.
         json_schema_input_type=InputFeature
-        | Annotated[list[InputFeature], MinLen(1)]
+        | Annotated[list[InputFeature], Field(min_length=1)]
         | Trajectory
-        | Annotated[list[Trajectory], MinLen(1)],
+        | Annotated[list[Trajectory], Field(min_length=1)],
     ),
 ]
 
