@@ -41,6 +41,8 @@ KIND_INTERFACES: dict[str, type] = {
     "advantage": interfaces.Advantage,
     "reward": interfaces.Reward,
     "metric": interfaces.Metric,
+    "tool_parser": interfaces.ToolCallParser,
+    "env": interfaces.Env,
     "checkpoint_engine": interfaces.CheckpointEngine,
     "optimizer": torch.optim.Optimizer,
     "lr_scheduler": torch.optim.lr_scheduler.LRScheduler,

@@ -33,6 +33,8 @@ KINDS: tuple[str, ...] = (
     "advantage",
     "reward",
     "metric",
+    "tool_parser",
+    "env",
     "checkpoint_engine",
     "optimizer",
     "lr_scheduler",

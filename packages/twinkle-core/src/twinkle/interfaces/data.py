@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from twinkle.data_format import InputFeature, Trajectory
+from twinkle.data_format import InputFeature, ToolCall, Trajectory
 
 
 class Preprocessor(ABC):
@@ -82,3 +82,12 @@ class DataLoader(Protocol):
     def get_state(self) -> dict[str, Any]: ...
 
     def load_state(self, state: Mapping[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class ToolCallParser(Protocol):
+    """Splits an assistant completion into its text and its tool calls."""
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """``(content, tool_calls)`` of ``text``; ``content`` is the text with the parsed calls removed."""
+        ...

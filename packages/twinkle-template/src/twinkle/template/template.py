@@ -17,12 +17,22 @@ from typing import Any
 import jinja2
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from twinkle.data_format import IGNORE_INDEX, InputFeature, Trajectory, make_input_feature, validate_trajectory
+from twinkle.data_format import (
+    IGNORE_INDEX,
+    InputFeature,
+    Message,
+    Trajectory,
+    make_input_feature,
+    validate_message,
+    validate_trajectory,
+)
 from twinkle.errors import InvalidInputError
 from twinkle.hub import resolve_model
+from twinkle.interfaces import ToolCallParser
 from twinkle.registry import register
 from twinkle.template.errors import TemplateError
 from twinkle.template.loss_mask import assistant_token_mask
+from twinkle.template.tool_parsers import assistant_message, build_tool_parser, detect_tool_parser
 from twinkle.template.truncation import TruncationStrategy, check_truncation_args, truncate
 from twinkle.utils import get_logger
 
@@ -47,6 +57,9 @@ class Template:
     is the built-in tiny Qwen3); pass ``tokenizer=`` to use an already loaded
     fast tokenizer instead. ``chat_template`` overrides the tokenizer's own.
     ``default_system`` is prepended to conversations without a system message.
+    ``tool_parser`` (a registered name such as ``'hermes'``, a class or an
+    instance) reads tool calls out of completions in :meth:`parse_response`;
+    by default it is detected from the chat template.
     """
 
     def __init__(
@@ -58,6 +71,7 @@ class Template:
         enable_thinking: bool = True,
         chat_template: str | None = None,
         tokenizer: PreTrainedTokenizerBase | None = None,
+        tool_parser: str | ToolCallParser | type | None = None,
     ) -> None:
         check_truncation_args(max_length, truncation_strategy)
         self.max_length = max_length
@@ -86,6 +100,9 @@ class Template:
         self._end_of_turn_ids = frozenset(self._eos_token_ids)
         self._special_ids = _special_ids(tokenizer)
         self._warned_no_end_of_turn = False
+        if tool_parser is None:
+            tool_parser = detect_tool_parser(chat_template or tokenizer.chat_template)
+        self.tool_parser: ToolCallParser | None = None if tool_parser is None else build_tool_parser(tool_parser)
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -171,6 +188,55 @@ class Template:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         # one sequence of ids decodes to one str (the stub's list[str] is for a batch)
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)  # type: ignore[return-value]
+
+    def encode_turns(
+        self, history: Sequence[Mapping[str, Any]], turns: Sequence[Mapping[str, Any]], tools: list[Any] | None = None
+    ) -> list[int]:
+        """Token ids to append after a sampled assistant turn: ``turns`` (tool results, user feedback) and the
+        next generation prompt, as the chat template renders them after ``history``.
+
+        ``history`` ends with the assistant message whose tokens were sampled and
+        which closed with an end-of-turn token. The ids begin right after that
+        token, so appending them to the sampled ids gives exactly the prompt the
+        model would see for the whole conversation (a multi-turn rollout never
+        re-tokenizes what the model wrote).
+        """
+        if not history or history[-1]["role"] != "assistant":
+            raise InvalidInputError("encode_turns: history must end with the assistant turn the new turns answer")
+        if not turns:
+            raise InvalidInputError("encode_turns: turns is empty; pass the messages that follow the assistant turn")
+        for index, message in enumerate(turns):
+            validate_message(message, f"turns[{index}]")
+        chat, _ = self._chat([*history, *turns], "history")
+        before, _ = self._chat(history, "history")
+        text = self._render(chat, tools, add_generation_prompt=True)
+        closed_turns = self._render(before, tools, add_generation_prompt=False).count(self._end_of_turn_text)
+        if closed_turns == 0:
+            raise TemplateError(
+                f"the chat template of {self.model_id!r} closes turns with no {self._end_of_turn_text!r}; "
+                "encode_turns needs an end-of-turn token to know where the sampled turn ends"
+            )
+        end = -1
+        for _ in range(closed_turns):
+            end = text.index(self._end_of_turn_text, end + 1)
+        continuation = text[end + len(self._end_of_turn_text) :]
+        ids: list[int] = self._tokenizer(continuation, add_special_tokens=False)["input_ids"]
+        return ids
+
+    @property
+    def _end_of_turn_text(self) -> str:
+        """The text of the token that closes a turn (the tokenizer's eos, e.g. ``<|im_end|>``)."""
+        return str(self._tokenizer.convert_ids_to_tokens(self._eos_token_ids[0]))
+
+    def parse_response(self, text: str) -> Message:
+        """The assistant message a completion's text stands for: reasoning, content and tool calls.
+
+        The completion should be decoded with its special tokens (``decode(ids)``), as
+        some formats mark tool calls with them; trailing end-of-turn tokens are dropped.
+        """
+        for eos in self._tokenizer.convert_ids_to_tokens(list(self._eos_token_ids)):
+            text = text.removesuffix(eos)
+        return assistant_message(text, self.tool_parser)
 
     def batch_decode(self, batch_token_ids: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
         return [self.decode(token_ids, skip_special_tokens) for token_ids in batch_token_ids]
