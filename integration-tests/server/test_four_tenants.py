@@ -67,8 +67,12 @@ def test_four_tenants_at_once_get_what_they_get_alone(server):
         run_id, name = result["checkpoint"].removeprefix("twinkle://").split("/")
         saved = load_file(str(state_dir / "checkpoints" / job / run_id / name / "adapter_model.safetensors"))
         assert set(saved) == set(weights)
+        # Adam moves each weight by about lr per step whatever the gradient's size, so where a gradient is near 0
+        # (LoRA A while B is still ~0) the summation order of a shared pass can flip part of a step; 1% of the
+        # distance Adam can travel bounds that on any CPU, while another tenant's data would move weights by ~lr.
+        weight_atol = 1e-2 * JOBS[job]["lr"] * STEPS
         for key, tensor in weights.items():
-            torch.testing.assert_close(saved[key], tensor.detach(), atol=1e-5, rtol=1e-5, msg=f"{job}: {key}")
+            torch.testing.assert_close(saved[key], tensor.detach(), atol=weight_atol, rtol=1e-5, msg=f"{job}: {key}")
 
 
 def _alone_in_process(job: str):
