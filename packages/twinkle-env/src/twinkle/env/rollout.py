@@ -14,32 +14,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from twinkle.data_format import IGNORE_INDEX, InputFeature, Message, SamplingParams, make_input_feature
+from twinkle.data_format import IGNORE_INDEX, InputFeature, Message, SamplingParams, Trajectory, make_input_feature
 from twinkle.env.group import EnvGroup
 from twinkle.errors import InvalidInputError
-from twinkle.interfaces import Env
+from twinkle.interfaces import Env, Sampler, Template
 
 EpisodeEnd = Literal["done", "max_turns", "max_tokens"]
 
 
-class RolloutTemplate(Protocol):
-    """What a rollout needs from a template (``twinkle.template.Template`` has it)."""
+class RolloutTemplate(Template, Protocol):
+    """A template that also parses completions and continues them token-exactly (``twinkle.template.Template``)."""
 
     eos_token_ids: list[int]
-
-    def encode(self, trajectory: Any, add_generation_prompt: bool = False) -> InputFeature | None: ...
 
     def encode_turns(
         self, history: Sequence[Any], turns: Sequence[Any], tools: list[Any] | None = None
     ) -> list[int]: ...
 
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
-
     def parse_response(self, text: str) -> Message: ...
-
-
-class RolloutSampler(Protocol):
-    def sample(self, inputs: Any, sampling_params: Any = None, adapter_name: Any = None) -> Any: ...
 
 
 @dataclass
@@ -78,7 +70,7 @@ class _Live:
 
 
 def rollout(
-    sampler: RolloutSampler,
+    sampler: Sampler,
     template: RolloutTemplate,
     envs: Sequence[EnvGroup | Env],
     sampling_params: SamplingParams | None = None,
@@ -112,7 +104,8 @@ def rollout(
         )
         prompts = [make_input_feature(state.episode.input_ids) for state in live]
         response = sampler.sample(prompts, turn_params, adapter_name=adapter_name)
-        sequences = sorted(response.sequences, key=lambda sequence: sequence.input_index)
+        by_input = {sequence.input_index: sequence for sequence in response.sequences}  # the response is prompt-major
+        sequences = [by_input[index] for index in range(len(live))]
         live = [
             state
             for state, sequence in zip(live, sequences, strict=True)
@@ -139,7 +132,10 @@ def _flatten(envs: Sequence[EnvGroup | Env], seed: int) -> list[tuple[Env, int]]
 
 def _start(env: Env, seed: int, template: RolloutTemplate, max_tokens: int) -> _Live:
     messages = list(env.reset(seed))
-    feature = template.encode({"messages": messages, "tools": list(env.tools) or None}, add_generation_prompt=True)
+    trajectory: Trajectory = {"messages": messages}
+    if env.tools:
+        trajectory["tools"] = list(env.tools)
+    feature = template.encode(trajectory, add_generation_prompt=True)
     if feature is None:
         raise InvalidInputError("the template dropped an environment's opening prompt (too long for it)")
     ids = list(feature["input_ids"])

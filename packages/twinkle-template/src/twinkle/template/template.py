@@ -29,10 +29,10 @@ from twinkle.data_format import (
 from twinkle.errors import InvalidInputError
 from twinkle.hub import resolve_model
 from twinkle.interfaces import ToolCallParser
-from twinkle.registry import register
+from twinkle.registry import build, register
 from twinkle.template.errors import TemplateError
 from twinkle.template.loss_mask import assistant_token_mask
-from twinkle.template.tool_parsers import assistant_message, build_tool_parser, detect_tool_parser
+from twinkle.template.tool_parsers import assistant_message, detect_tool_parser
 from twinkle.template.truncation import TruncationStrategy, check_truncation_args, truncate
 from twinkle.utils import get_logger
 
@@ -100,9 +100,10 @@ class Template:
         self._end_of_turn_ids = frozenset(self._eos_token_ids)
         self._special_ids = _special_ids(tokenizer)
         self._warned_no_end_of_turn = False
+        self._eos_texts = [str(token) for token in tokenizer.convert_ids_to_tokens(list(self._eos_token_ids))]
         if tool_parser is None:
             tool_parser = detect_tool_parser(chat_template or tokenizer.chat_template)
-        self.tool_parser: ToolCallParser | None = None if tool_parser is None else build_tool_parser(tool_parser)
+        self.tool_parser: ToolCallParser | None = None if tool_parser is None else build("tool_parser", tool_parser)
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -210,23 +211,18 @@ class Template:
         chat, _ = self._chat([*history, *turns], "history")
         before, _ = self._chat(history, "history")
         text = self._render(chat, tools, add_generation_prompt=True)
-        closed_turns = self._render(before, tools, add_generation_prompt=False).count(self._end_of_turn_text)
+        closed_turns = self._render(before, tools, add_generation_prompt=False).count(self._eos_texts[0])
         if closed_turns == 0:
             raise TemplateError(
-                f"the chat template of {self.model_id!r} closes turns with no {self._end_of_turn_text!r}; "
+                f"the chat template of {self.model_id!r} closes turns with no {self._eos_texts[0]!r}; "
                 "encode_turns needs an end-of-turn token to know where the sampled turn ends"
             )
         end = -1
         for _ in range(closed_turns):
-            end = text.index(self._end_of_turn_text, end + 1)
-        continuation = text[end + len(self._end_of_turn_text) :]
+            end = text.index(self._eos_texts[0], end + 1)
+        continuation = text[end + len(self._eos_texts[0]) :]
         ids: list[int] = self._tokenizer(continuation, add_special_tokens=False)["input_ids"]
         return ids
-
-    @property
-    def _end_of_turn_text(self) -> str:
-        """The text of the token that closes a turn (the tokenizer's eos, e.g. ``<|im_end|>``)."""
-        return str(self._tokenizer.convert_ids_to_tokens(self._eos_token_ids[0]))
 
     def parse_response(self, text: str) -> Message:
         """The assistant message a completion's text stands for: reasoning, content and tool calls.
@@ -234,7 +230,7 @@ class Template:
         The completion should be decoded with its special tokens (``decode(ids)``), as
         some formats mark tool calls with them; trailing end-of-turn tokens are dropped.
         """
-        for eos in self._tokenizer.convert_ids_to_tokens(list(self._eos_token_ids)):
+        for eos in self._eos_texts:
             text = text.removesuffix(eos)
         return assistant_message(text, self.tool_parser)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from twinkle.data_format import Message, ToolCall
 from twinkle.interfaces import ToolCallParser
-from twinkle.registry import build, get_registry, register
+from twinkle.registry import register
 
 
 def _call(obj: Any, arguments_key: str) -> ToolCall | None:
@@ -131,15 +131,6 @@ def detect_tool_parser(chat_template: str | None) -> str | None:
     if not chat_template:
         return None
     return next((name for marker, name in _FORMAT_MARKERS if marker in chat_template), None)
-
-
-def build_tool_parser(spec: Any) -> ToolCallParser:
-    """A parser from an instance, class or registered name (see :func:`twinkle.registry.build`)."""
-    return build("tool_parser", spec)  # type: ignore[no-any-return]
-
-
-def tool_parser_names() -> list[str]:
-    return get_registry("tool_parser").names()
 
 
 def split_reasoning(text: str) -> tuple[str | None, str]:
