@@ -57,7 +57,9 @@ def test_every_body_and_reply_is_declared_and_errors_share_one_shape(schema):
             missing.append(f"{method} {path}: no request body")
         if not operation["responses"].get("200", {}).get("content"):
             missing.append(f"{method} {path}: no reply schema")
-        expected_error = "TinkerError" if path.startswith("/api/v1") else "ErrorReply"
+        expected_error = (
+            "TinkerError" if path.startswith("/api/v1") else "OpenAIError" if path.startswith("/v1/") else "ErrorReply"
+        )
         for status in ("400", "401", "404", "422", "500"):
             content = operation["responses"].get(status, {}).get("content", {})
             if content.get("application/json", {}).get("schema", {}).get("$ref", "").split("/")[-1] != expected_error:

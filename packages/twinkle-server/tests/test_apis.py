@@ -67,9 +67,9 @@ def published(monkeypatch, tmp_path):
     monkeypatch.setattr(apis, "entry_points", lambda group: [*real, *extra] if group == apis.ENTRY_POINT_GROUP else [])
 
 
-def test_twinkle_server_publishes_the_tinker_api():
-    assert "tinker" in apis.installed_api_names()
-    assert [api.name for api in apis.load_apis(["tinker"])] == ["tinker"]
+def test_twinkle_server_publishes_the_tinker_and_openai_apis():
+    assert {"tinker", "openai"} <= set(apis.installed_api_names())
+    assert [api.name for api in apis.load_apis(["tinker", "openai"])] == ["tinker", "openai"]
 
 
 def test_a_plugin_is_served_beside_the_native_api_and_answers_errors_its_own_way(published, tmp_path):
@@ -85,14 +85,16 @@ def test_a_plugin_is_served_beside_the_native_api_and_answers_errors_its_own_way
 def test_without_apis_every_installed_one_that_imports_is_served(published, caplog):
     with caplog.at_level(logging.WARNING, logger=apis.__name__):
         served = [api.name for api in apis.load_apis(None)]
-    assert served == ["echo", "tinker"]
+    assert served == ["echo", "openai", "tinker"]
     assert "the broken API needs the module 'not_installed_anywhere'" in caplog.text
 
 
 def test_an_api_asked_for_must_load_and_exist(published):
     with pytest.raises(ConfigurationError, match="the broken API needs the module 'not_installed_anywhere'"):
         apis.load_apis(["tinker", "broken"])
-    with pytest.raises(ConfigurationError, match=r"no server API named \['tinkr'\]; installed: broken, echo, tinker"):
+    with pytest.raises(
+        ConfigurationError, match=r"no server API named \['tinkr'\]; installed: broken, echo, openai, tinker"
+    ):
         apis.load_apis(["tinkr"])
 
 
@@ -108,7 +110,7 @@ def test_the_config_names_unknown_apis(tmp_path):
     path = tmp_path / "server.yaml"
     path.write_text("apis: [tinker, tinkr, 3]\n")
     assert check_config(path) == [
-        "apis[1]: no server API named 'tinkr'; installed: tinker",
+        "apis[1]: no server API named 'tinkr'; installed: openai, tinker",
         "apis[2]: expected the name of a server API, got int (3)",
     ]
     path.write_text("apis: tinker\n")

@@ -144,6 +144,14 @@ class ModelPool:
         """Serve a saved LoRA adapter directory as sampler adapter ``name``."""
         self._sampler(self.model_path).load_adapter(name, path)
 
+    def sample_saved_adapter(
+        self, name: str, directory: str, inputs: Any, sampling_params: SamplingParams
+    ) -> SampleResponse:
+        """:meth:`sample_adapter` with a saved LoRA adapter, loaded as sampler adapter ``name`` if it is not yet."""
+        if name not in self._sampler(self.model_path).adapter_names:
+            self.load_sampler_adapter(name, directory)
+        return self.sample_adapter(name, inputs, sampling_params)
+
     def drop_sampler_adapter(self, name: str) -> None:
         sampler = self._sampler(self.model_path)
         if name in sampler.adapter_names:
