@@ -25,6 +25,7 @@ COVERED_BY = {
     "rl/dpo.py": "integration-tests/test_torchrun_dpo.py",  # one process, then DDP and FSDP2
     "rl/grpo.py": "integration-tests/test_ray_grpo.py",  # in one process, against the Ray run
     "rl/grpo_ray.py": "integration-tests/test_ray_grpo.py",
+    "rl/multi_turn_tools.py": "integration-tests/test_cookbooks.py",
     **{
         f"client/{client}/self_host/{script}": "integration-tests/server/test_client_cookbooks.py"
         for client, scripts in {
@@ -34,6 +35,20 @@ COVERED_BY = {
         for script in scripts
     },
 }
+
+
+def run_cookbook(script: str, output_dir: Path, knobs: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run ``cookbook/<script>`` with its env-var ``knobs``, writing to ``output_dir``; it must succeed."""
+    completed = subprocess.run(
+        [sys.executable, str(COOKBOOK / script)],
+        cwd=output_dir,
+        env={**os.environ, **knobs, "OUTPUT_DIR": str(output_dir), "MPLBACKEND": "Agg"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed
 
 
 def test_every_cookbook_has_a_test_that_runs_it():
@@ -56,15 +71,7 @@ def test_full_parameter_sft_trains_every_batch_of_every_epoch(tmp_path):
 
     epochs, batch_size = 2, 54
     knobs = {"EPOCHS": str(epochs), "BATCH_SIZE": str(batch_size), "MAX_NEW_TOKENS": "2"}
-    completed = subprocess.run(
-        [sys.executable, str(COOKBOOK / "sft" / "full.py")],
-        cwd=tmp_path,
-        env={**os.environ, **knobs, "OUTPUT_DIR": str(tmp_path), "MPLBACKEND": "Agg"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    completed = run_cookbook("sft/full.py", tmp_path, knobs)
     batches = math.ceil(len(Dataset(DatasetMeta("builtin://self-cognition"))) / batch_size)
     losses = json.loads((tmp_path / "loss.json").read_text())
     assert len(losses) == epochs * batches
@@ -79,3 +86,26 @@ def test_full_parameter_sft_trains_every_batch_of_every_epoch(tmp_path):
     assert (tmp_path / "loss.png").stat().st_size > 0
     checkpoint = tmp_path / "last-checkpoint"  # a complete model, not an adapter
     assert (checkpoint / "model.safetensors").is_file() and not (checkpoint / "adapter_model.safetensors").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_multi_turn_tool_grpo_plays_tool_calls_and_trains_on_the_samplers_logprobs(tmp_path):
+    steps = 3
+    knobs = {"WARMUP_STEPS": "60", "WARMUP_BATCH_SIZE": "8", "MAX_STEPS": str(steps), "BATCH_SIZE": "4"}
+    completed = run_cookbook("rl/multi_turn_tools.py", tmp_path, {**knobs, "NUM_GENERATIONS": "4"})
+    logs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(logs) == steps
+    for log in logs:
+        assert 0.0 <= log["reward/mean"] <= 1.0 and 0.0 <= log["tool_use_rate"] <= 1.0
+        assert 1.0 + log["tool_use_rate"] <= log["turns/mean"] <= 3.0  # a tool call is answered in another turn
+        assert log["logprob_mismatch/num_tokens"] > 0 and log["logprob_mismatch/max_abs"] <= 1e-4
+    # 60 short warm-up steps already teach the tool-call format: some episodes call the calculator.
+    assert any(log["tool_use_rate"] > 0 for log in logs)
+    assert re.search(
+        r"^reward: first 10 steps \S+ -> last 10 steps \S+; tool-use rate: first 10 \S+ -> last 10 \S+ \(\d+ s",
+        completed.stdout,
+        re.M,
+    ), completed.stdout[-2000:]
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    assert (tmp_path / "grpo-calculator-checkpoint" / "adapter_model.safetensors").is_file()
