@@ -16,18 +16,12 @@ import openai
 import pytest
 
 from twinkle.data_format import SamplingParams
+from twinkle.env import CALCULATOR_TOOL
 from twinkle.template import Template
 from twinkle_client.http import TwinkleClient
 
 BASE = "builtin://qwen3-tiny"
-CALCULATOR = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    },
-}
+CALCULATOR = dict(CALCULATOR_TOOL)  # the calculator env's own tool description
 QUESTION = [{"role": "user", "content": "What is 17 * 23?"}]
 CALL = {"name": "calculator", "arguments": {"expression": "17 * 23"}}
 # A LoRA adapter of rank 8 reproduces the one demonstration greedily after ~60 steps (loss ~0.3); its loss
