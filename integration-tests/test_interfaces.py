@@ -44,6 +44,8 @@ KIND_INTERFACES: dict[str, type] = {
     "tool_parser": interfaces.ToolCallParser,
     "env": interfaces.Env,
     "checkpoint_engine": interfaces.CheckpointEngine,
+    "kernel": interfaces.Kernel,
+    "patch": interfaces.Patch,
     "optimizer": torch.optim.Optimizer,
     "lr_scheduler": torch.optim.lr_scheduler.LRScheduler,
 }

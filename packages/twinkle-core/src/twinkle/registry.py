@@ -38,6 +38,8 @@ KINDS: tuple[str, ...] = (
     "checkpoint_engine",
     "optimizer",
     "lr_scheduler",
+    "kernel",
+    "patch",
 )
 
 

@@ -97,6 +97,9 @@ class MultiLoraLinear(nn.Module):
         self.bias = base.bias
         self.adapters: dict[str, LoraWeights] = {}
         self.routing: RowRouting | None = None
+        # A multi-LoRA kernel (``twinkle.kernel``'s op "multi_lora", set by ``kernelize``): every adapter's
+        # update in one call, ``lora_kernel(x_NI, [(A, B, scaling)...], adapter_N)``, instead of a loop.
+        self.lora_kernel: Callable[..., torch.Tensor] | None = None
 
     def checked_weights(
         self, name: str, A_RI: torch.Tensor, B_OR: torch.Tensor, scaling: float, dropout: float = 0.0
@@ -142,17 +145,32 @@ class MultiLoraLinear(nn.Module):
                 f"adapter_rows assigned {routing.batch_size} rows but the batch has {x.shape[0]}: "
                 "give one adapter name (or None) per batch row"
             )
+        # The adapters in this batch that target this layer, with their rows.
+        loras = [(rows, self.adapters[name]) for name, rows in routing.groups if name in self.adapters]
+        # The kernel takes one input for every adapter, so input dropout (per adapter) runs the loop.
+        if self.lora_kernel is not None and not (self.training and any(lora.dropout > 0 for _, lora in loras)):
+            return out + self._kernel_delta(x, loras, self.lora_kernel)
         # In place: autograd saves the linear's inputs, not its output, and a copy of the whole output per
         # adapter in the batch would cost more than the adapters themselves.
-        for name, rows in routing.groups:
-            lora = self.adapters.get(name)
-            if lora is None:  # this adapter does not target this layer
-                continue
+        for rows, lora in loras:
             if rows is None:  # every row uses this adapter: no gather needed
                 out.add_(lora.delta(x, self.training))
                 continue
             out.index_add_(0, rows, lora.delta(x.index_select(0, rows), self.training))
         return out
+
+    def _kernel_delta(
+        self, x: torch.Tensor, loras: list[tuple[torch.Tensor | None, LoraWeights]], kernel: Callable[..., torch.Tensor]
+    ) -> torch.Tensor:
+        """Every row's adapter update in one kernel call over the flattened tokens."""
+        adapter_B = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
+        for index, (rows, _) in enumerate(loras):
+            adapter_B[slice(None) if rows is None else rows] = index
+        x_NI = x.reshape(-1, x.shape[-1])
+        tokens_per_row = x_NI.shape[0] // x.shape[0]
+        weights = [(lora.A_RI, lora.B_OR, lora.scaling) for _, lora in loras]
+        delta_NO = kernel(x_NI, weights, adapter_B.repeat_interleave(tokens_per_row))
+        return delta_NO.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         ranks = {name: lora.rank for name, lora in self.adapters.items()}

@@ -109,6 +109,16 @@ class Template:
     def tokenizer(self) -> PreTrainedTokenizerBase:
         return self._tokenizer
 
+    @property
+    def chat_template(self) -> str:
+        """The Jinja chat template that renders conversations: the override given, else the tokenizer's."""
+        return self._chat_template or str(self._tokenizer.chat_template)
+
+    @chat_template.setter
+    def chat_template(self, chat_template: str | None) -> None:
+        """Override the chat template (``None``: the tokenizer's again); pickled with the template."""
+        self._chat_template = chat_template
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickle a tokenizer loaded from a directory as that directory plus a digest of its files.
 

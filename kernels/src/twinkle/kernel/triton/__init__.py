@@ -1,0 +1,1 @@
+"""Triton implementations; imported only when triton is installed (see twinkle.kernel.backends)."""
