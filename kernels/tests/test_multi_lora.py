@@ -75,14 +75,20 @@ def _check(
         return (t.abs() if absolute else t).to(torch.float64)
 
     expected = _delta_and_grads(
-        wide(x_NI, False), [(wide(A, False), wide(B, False), s) for A, B, s in loras], adapter_N,
-        wide(grad_NO, False), fast=False,
-    )  # fmt: skip
+        wide(x_NI, False),
+        [(wide(A, False), wide(B, False), s) for A, B, s in loras],
+        adapter_N,
+        wide(grad_NO, False),
+        fast=False,
+    )
     # The same products over absolute values bound every sum's rounding error (each result is multilinear).
     magnitudes = _delta_and_grads(
-        wide(x_NI, True), [(wide(A, True), wide(B, True), abs(s)) for A, B, s in loras], adapter_N,
-        wide(grad_NO, True), fast=False,
-    )  # fmt: skip
+        wide(x_NI, True),
+        [(wide(A, True), wide(B, True), abs(s)) for A, B, s in loras],
+        adapter_N,
+        wide(grad_NO, True),
+        fast=False,
+    )
     n = n_rows + in_features + out_features + max(ranks) + 4  # longer than any chain of sums, plus the roundings
     u32, u_low = UNIT_ROUNDOFF[torch.float32], UNIT_ROUNDOFF[dtype]
     gamma = n * u32 / (1 - n * u32)

@@ -40,9 +40,20 @@ DEFAULT_VOCAB_CHUNK_SIZE = 16384
 
 @triton.jit
 def _accumulate_dot(
-    acc, x_ptr, w_ptr, rows, cols, row_end, col_end, K, stride_x, stride_w,
-    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    acc,
+    x_ptr,
+    w_ptr,
+    rows,
+    cols,
+    row_end,
+    col_end,
+    K,
+    stride_x,
+    stride_w,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """``acc + x[rows] @ w[cols].T`` over ``K``; rows past ``row_end`` and columns past ``col_end`` count as zeros."""
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
@@ -62,11 +73,29 @@ def _accumulate_dot(
 
 @triton.jit
 def _logits_tile(
-    x_ptr, w_ptr, xr_ptr, wr_ptr, rows, cols, row_end, col_end, H, R,
-    stride_x, stride_w, stride_xr, stride_wr,
-    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE_R: tl.constexpr, PRECISION_R: tl.constexpr,
-    HAS_LOW_RANK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    xr_ptr,
+    wr_ptr,
+    rows,
+    cols,
+    row_end,
+    col_end,
+    H,
+    R,
+    stride_x,
+    stride_w,
+    stride_xr,
+    stride_wr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_DTYPE_R: tl.constexpr,
+    PRECISION_R: tl.constexpr,
+    HAS_LOW_RANK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """The float32 logits of ``rows`` × ``cols``: the main operand pair plus, if any, the low-rank pair."""
     acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
     acc = _accumulate_dot(
@@ -74,20 +103,53 @@ def _logits_tile(
     )
     if HAS_LOW_RANK:
         acc = _accumulate_dot(
-            acc, xr_ptr, wr_ptr, rows, cols, row_end, col_end, R, stride_xr, stride_wr, DOT_DTYPE_R, PRECISION_R,
+            acc,
+            xr_ptr,
+            wr_ptr,
+            rows,
+            cols,
+            row_end,
+            col_end,
+            R,
+            stride_xr,
+            stride_wr,
+            DOT_DTYPE_R,
+            PRECISION_R,
             BLOCK_K,
-        )  # fmt: skip
+        )
     return acc
 
 
 @triton.jit
 def _forward(
-    x_ptr, w_ptr, xr_ptr, wr_ptr, labels_ptr, logps_ptr, lse_ptr, argmax_ptr, entropy_ptr, N, V, H, R,
-    stride_x, stride_w, stride_xr, stride_wr,
-    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE_R: tl.constexpr, PRECISION_R: tl.constexpr,
-    HAS_LOW_RANK: tl.constexpr, WITH_ENTROPY: tl.constexpr, IGNORE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    xr_ptr,
+    wr_ptr,
+    labels_ptr,
+    logps_ptr,
+    lse_ptr,
+    argmax_ptr,
+    entropy_ptr,
+    N,
+    V,
+    H,
+    R,
+    stride_x,
+    stride_w,
+    stride_xr,
+    stride_wr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_DTYPE_R: tl.constexpr,
+    PRECISION_R: tl.constexpr,
+    HAS_LOW_RANK: tl.constexpr,
+    WITH_ENTROPY: tl.constexpr,
+    IGNORE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """Per token of one block: log-sum-exp, label log-prob, argmax and (``WITH_ENTROPY``) entropy of its logits."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     labels = tl.load(labels_ptr + rows, mask=rows < N, other=IGNORE)
@@ -100,9 +162,29 @@ def _forward(
         cols = v0 + tl.arange(0, BLOCK_V)
         col_mask = cols[None, :] < V
         z = _logits_tile(
-            x_ptr, w_ptr, xr_ptr, wr_ptr, rows, cols, N, V, H, R, stride_x, stride_w, stride_xr, stride_wr,
-            DOT_DTYPE, PRECISION, DOT_DTYPE_R, PRECISION_R, HAS_LOW_RANK, BLOCK_N, BLOCK_V, BLOCK_K,
-        )  # fmt: skip
+            x_ptr,
+            w_ptr,
+            xr_ptr,
+            wr_ptr,
+            rows,
+            cols,
+            N,
+            V,
+            H,
+            R,
+            stride_x,
+            stride_w,
+            stride_xr,
+            stride_wr,
+            DOT_DTYPE,
+            PRECISION,
+            DOT_DTYPE_R,
+            PRECISION_R,
+            HAS_LOW_RANK,
+            BLOCK_N,
+            BLOCK_V,
+            BLOCK_K,
+        )
         z = tl.where(col_mask, z, float("-inf"))
         tile_max = tl.max(z, axis=1)
         # Strictly greater: the first maximum wins, as in torch.argmax.
@@ -131,12 +213,38 @@ def _forward(
 
 @triton.jit
 def _grad_logits(
-    x_ptr, w_ptr, xr_ptr, wr_ptr, labels_ptr, lse_ptr, grad_logps_ptr, entropy_ptr, grad_entropy_ptr, out_ptr,
-    row0, row_end, col0, col_end, H, R, stride_x, stride_w, stride_xr, stride_wr, stride_out,
-    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE_R: tl.constexpr, PRECISION_R: tl.constexpr,
-    HAS_LOW_RANK: tl.constexpr, ENTROPY_GRAD: tl.constexpr, IGNORE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    xr_ptr,
+    wr_ptr,
+    labels_ptr,
+    lse_ptr,
+    grad_logps_ptr,
+    entropy_ptr,
+    grad_entropy_ptr,
+    out_ptr,
+    row0,
+    row_end,
+    col0,
+    col_end,
+    H,
+    R,
+    stride_x,
+    stride_w,
+    stride_xr,
+    stride_wr,
+    stride_out,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_DTYPE_R: tl.constexpr,
+    PRECISION_R: tl.constexpr,
+    HAS_LOW_RANK: tl.constexpr,
+    ENTROPY_GRAD: tl.constexpr,
+    IGNORE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """``out[r - row0, c - col0]`` = d (logps, entropy) / d logits[r, c], weighted by their incoming gradients."""
     rows = row0 + tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = col0 + tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -146,9 +254,29 @@ def _grad_logits(
     lse = tl.load(lse_ptr + rows, mask=row_mask, other=0.0)
     g = tl.where(valid, tl.load(grad_logps_ptr + rows, mask=row_mask, other=0.0), 0.0)
     z = _logits_tile(
-        x_ptr, w_ptr, xr_ptr, wr_ptr, rows, cols, row_end, col_end, H, R, stride_x, stride_w, stride_xr, stride_wr,
-        DOT_DTYPE, PRECISION, DOT_DTYPE_R, PRECISION_R, HAS_LOW_RANK, BLOCK_N, BLOCK_V, BLOCK_K,
-    )  # fmt: skip
+        x_ptr,
+        w_ptr,
+        xr_ptr,
+        wr_ptr,
+        rows,
+        cols,
+        row_end,
+        col_end,
+        H,
+        R,
+        stride_x,
+        stride_w,
+        stride_xr,
+        stride_wr,
+        DOT_DTYPE,
+        PRECISION,
+        DOT_DTYPE_R,
+        PRECISION_R,
+        HAS_LOW_RANK,
+        BLOCK_N,
+        BLOCK_V,
+        BLOCK_K,
+    )
     log_p = z - lse[:, None]
     p = tl.exp(log_p)
     # d logp / d z = onehot(label) - softmax(z).
@@ -211,13 +339,26 @@ def _operands(hidden_NH: torch.Tensor, weight_VH: torch.Tensor, low: _Stacked | 
     x_NR, w_VR = (low.x_NR, low.w_VR) if low is not None else (hidden_NH, weight_VH)
     dot_dtype_r, precision_r = _dot_types(x_NR.dtype, interpreted, allow_tf32)
     return dict(
-        x_ptr=hidden_NH, w_ptr=weight_VH, xr_ptr=x_NR, wr_ptr=w_VR, H=hidden_NH.shape[1],
+        x_ptr=hidden_NH,
+        w_ptr=weight_VH,
+        xr_ptr=x_NR,
+        wr_ptr=w_VR,
+        H=hidden_NH.shape[1],
         R=x_NR.shape[1] if low is not None else 0,
-        stride_x=hidden_NH.stride(0), stride_w=weight_VH.stride(0), stride_xr=x_NR.stride(0), stride_wr=w_VR.stride(0),
-        DOT_DTYPE=dot_dtype, PRECISION=precision, DOT_DTYPE_R=dot_dtype_r, PRECISION_R=precision_r,
-        HAS_LOW_RANK=low is not None, IGNORE=IGNORE_INDEX, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        stride_x=hidden_NH.stride(0),
+        stride_w=weight_VH.stride(0),
+        stride_xr=x_NR.stride(0),
+        stride_wr=w_VR.stride(0),
+        DOT_DTYPE=dot_dtype,
+        PRECISION=precision,
+        DOT_DTYPE_R=dot_dtype_r,
+        PRECISION_R=precision_r,
+        HAS_LOW_RANK=low is not None,
+        IGNORE=IGNORE_INDEX,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
         BLOCK_V=BLOCK_V_INTERPRETED if interpreted else BLOCK_V,
-    )  # fmt: skip
+    )
 
 
 class LinearLogpsFunction(torch.autograd.Function):
@@ -248,10 +389,16 @@ class LinearLogpsFunction(torch.autograd.Function):
         entropy_N = new(dtype=torch.float32) if with_entropy else None
         if n_rows:
             _forward[(triton.cdiv(n_rows, BLOCK_N),)](
-                labels_ptr=labels_N, logps_ptr=logps_N, lse_ptr=lse_N, argmax_ptr=argmax_N,
-                entropy_ptr=lse_N if entropy_N is None else entropy_N, N=n_rows, V=n_vocab,
-                WITH_ENTROPY=with_entropy, **_operands(hidden_NH, weight_VH, low),
-            )  # fmt: skip
+                labels_ptr=labels_N,
+                logps_ptr=logps_N,
+                lse_ptr=lse_N,
+                argmax_ptr=argmax_N,
+                entropy_ptr=lse_N if entropy_N is None else entropy_N,
+                N=n_rows,
+                V=n_vocab,
+                WITH_ENTROPY=with_entropy,
+                **_operands(hidden_NH, weight_VH, low),
+            )
         correct_N = (argmax_N == labels_N) & (labels_N != IGNORE_INDEX)
         ctx.mark_non_differentiable(correct_N)
         ctx.set_materialize_grads(False)  # a None gradient says which outputs the loss used
@@ -285,11 +432,13 @@ class LinearLogpsFunction(torch.autograd.Function):
         buffer_CV = weight_VH.new_empty(chunk, vocab_chunk)
         operands = _operands(hidden_NH, weight_VH, low)
         grads = dict(
-            labels_ptr=labels_N, lse_ptr=lse_N, grad_logps_ptr=grad_logps_N.contiguous(),
+            labels_ptr=labels_N,
+            lse_ptr=lse_N,
+            grad_logps_ptr=grad_logps_N.contiguous(),
             entropy_ptr=lse_N if entropy_N is None else entropy_N,
             grad_entropy_ptr=lse_N if grad_entropy_N is None else grad_entropy_N.contiguous(),
             ENTROPY_GRAD=grad_entropy_N is not None,
-        )  # fmt: skip
+        )
         for col0 in range(0, n_vocab, vocab_chunk):
             col_end = min(col0 + vocab_chunk, n_vocab)
             grad_w_chunk = f32(col_end - col0, n_hidden) if need_weight else None
@@ -298,9 +447,15 @@ class LinearLogpsFunction(torch.autograd.Function):
                 grad_CV = buffer_CV[: row_end - row0, : col_end - col0]
                 grid = (triton.cdiv(row_end - row0, BLOCK_N), triton.cdiv(col_end - col0, operands["BLOCK_V"]))
                 _grad_logits[grid](
-                    out_ptr=grad_CV, row0=row0, row_end=row_end, col0=col0, col_end=col_end,
-                    stride_out=grad_CV.stride(0), **grads, **operands,
-                )  # fmt: skip
+                    out_ptr=grad_CV,
+                    row0=row0,
+                    row_end=row_end,
+                    col0=col0,
+                    col_end=col_end,
+                    stride_out=grad_CV.stride(0),
+                    **grads,
+                    **operands,
+                )
                 if grad_hidden_NH is not None:
                     grad_hidden_NH[row0:row_end] += grad_CV @ weight_VH[col0:col_end]
                 if grad_w_chunk is not None:

@@ -29,11 +29,28 @@ BLOCK_M = 32  # rows per block; a segment of n rows takes ceil(n / BLOCK_M) bloc
 
 @triton.jit
 def _segment_matmul(
-    in_ptr, w_ptr, out_ptr, rows_ptr, blocks_ptr, scale_ptr, n_blocks, J, K,
-    stride_in, stride_wa, stride_wj, stride_wk, stride_out,
-    GATHER_IN: tl.constexpr, SCATTER_OUT: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    in_ptr,
+    w_ptr,
+    out_ptr,
+    rows_ptr,
+    blocks_ptr,
+    scale_ptr,
+    n_blocks,
+    J,
+    K,
+    stride_in,
+    stride_wa,
+    stride_wj,
+    stride_wk,
+    stride_out,
+    GATHER_IN: tl.constexpr,
+    SCATTER_OUT: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """``out[p] = scale[a] * in[p] @ W[a].T`` for the rows ``p`` of one block of adapter ``a`` (zeros for no adapter).
 
     Row ``p`` counts in sorted order; ``GATHER_IN`` / ``SCATTER_OUT`` read or
@@ -68,11 +85,26 @@ def _segment_matmul(
 
 @triton.jit
 def _segment_outer(
-    left_ptr, right_ptr, out_ptr, rows_ptr, bounds_ptr, scale_ptr, J, K,
-    stride_left, stride_right, stride_oa, stride_oj,
-    GATHER_LEFT: tl.constexpr, GATHER_RIGHT: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    left_ptr,
+    right_ptr,
+    out_ptr,
+    rows_ptr,
+    bounds_ptr,
+    scale_ptr,
+    J,
+    K,
+    stride_left,
+    stride_right,
+    stride_oa,
+    stride_oj,
+    GATHER_LEFT: tl.constexpr,
+    GATHER_RIGHT: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """``out[a] = scale[a] * left[seg].T @ right[seg]`` over the rows of adapter ``a``'s segment: a weight gradient."""
     adapter = tl.program_id(0)
     start = tl.load(bounds_ptr + adapter + 1)
@@ -147,9 +179,16 @@ class _Routing:
 
 
 def _matmul(
-    in_: torch.Tensor, w_AJK: torch.Tensor, out: torch.Tensor, routing: _Routing, scale_A: torch.Tensor, *,
-    gather_in: bool, scatter_out: bool, dtype: torch.dtype,
-) -> None:  # fmt: skip
+    in_: torch.Tensor,
+    w_AJK: torch.Tensor,
+    out: torch.Tensor,
+    routing: _Routing,
+    scale_A: torch.Tensor,
+    *,
+    gather_in: bool,
+    scatter_out: bool,
+    dtype: torch.dtype,
+) -> None:
     """``out[rows] = scale[a] * in[rows] @ w[a].T`` per segment (see :func:`_segment_matmul`); ``w`` may be a view.
 
     ``dtype`` is the model's (x's): the operands are multiplied in it, see :func:`_dot_types`.
@@ -159,17 +198,38 @@ def _matmul(
     block_j = _block(J)
     grid = (routing.n_blocks, triton.cdiv(J, block_j))
     _segment_matmul[grid](
-        in_, w_AJK, out, routing.rows_P, routing.blocks_3B, scale_A, routing.n_blocks, J, K,
-        in_.stride(0), *w_AJK.stride(), out.stride(0),
-        GATHER_IN=gather_in, SCATTER_OUT=scatter_out, DOT_DTYPE=dot_dtype, PRECISION=precision,
-        BLOCK_M=BLOCK_M, BLOCK_J=block_j, BLOCK_K=_block(K),
-    )  # fmt: skip
+        in_,
+        w_AJK,
+        out,
+        routing.rows_P,
+        routing.blocks_3B,
+        scale_A,
+        routing.n_blocks,
+        J,
+        K,
+        in_.stride(0),
+        *w_AJK.stride(),
+        out.stride(0),
+        GATHER_IN=gather_in,
+        SCATTER_OUT=scatter_out,
+        DOT_DTYPE=dot_dtype,
+        PRECISION=precision,
+        BLOCK_M=BLOCK_M,
+        BLOCK_J=block_j,
+        BLOCK_K=_block(K),
+    )
 
 
 def _outer(
-    left: torch.Tensor, right: torch.Tensor, routing: _Routing, scale_A: torch.Tensor, *,
-    gather_left: bool, gather_right: bool, dtype: torch.dtype,
-) -> torch.Tensor:  # fmt: skip
+    left: torch.Tensor,
+    right: torch.Tensor,
+    routing: _Routing,
+    scale_A: torch.Tensor,
+    *,
+    gather_left: bool,
+    gather_right: bool,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """Per adapter ``a``: ``scale[a] * left[seg a].T @ right[seg a]``, as a float32 ``[A, J, K]``."""
     n_adapters, J, K = scale_A.numel(), left.shape[1], right.shape[1]
     out_AJK = torch.empty(n_adapters, J, K, dtype=torch.float32, device=left.device)
@@ -177,11 +237,26 @@ def _outer(
     block_j, block_k = _block(J), _block(K)
     grid = (n_adapters, triton.cdiv(J, block_j), triton.cdiv(K, block_k))
     _segment_outer[grid](
-        left, right, out_AJK, routing.rows_P, routing.bounds_S, scale_A, J, K,
-        left.stride(0), right.stride(0), out_AJK.stride(0), out_AJK.stride(1),
-        GATHER_LEFT=gather_left, GATHER_RIGHT=gather_right, DOT_DTYPE=dot_dtype, PRECISION=precision,
-        BLOCK_M=BLOCK_M, BLOCK_J=block_j, BLOCK_K=block_k,
-    )  # fmt: skip
+        left,
+        right,
+        out_AJK,
+        routing.rows_P,
+        routing.bounds_S,
+        scale_A,
+        J,
+        K,
+        left.stride(0),
+        right.stride(0),
+        out_AJK.stride(0),
+        out_AJK.stride(1),
+        GATHER_LEFT=gather_left,
+        GATHER_RIGHT=gather_right,
+        DOT_DTYPE=dot_dtype,
+        PRECISION=precision,
+        BLOCK_M=BLOCK_M,
+        BLOCK_J=block_j,
+        BLOCK_K=block_k,
+    )
     return out_AJK
 
 
