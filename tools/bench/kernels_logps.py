@@ -8,8 +8,10 @@ and the gradients of hidden and weight from ``logps_N.sum()``:
   ``[N, V]`` gradient.
 - **twinkle**: on CUDA the Triton kernel (``TritonLinearLogps``, bfloat16
   inputs); on CPU ``twinkle.module.chunked_token_logps`` (float32), the path
-  the model takes there, with its defaults (it keeps the probabilities for the
-  backward when they fit in 4 GiB).
+  the model takes there, over ``chunk_size`` tokens at a time (a model's
+  ``logps_chunk_size``). It keeps the probabilities for the backward when they
+  fit in 4 GiB, which they do below about 7,000 tokens at this vocabulary: then
+  it trades memory for a backward without recomputation.
 
 Memory is the peak above what was in use just before the call (the inputs),
 over forward and backward, so it counts the gradients of hidden and weight
@@ -43,7 +45,7 @@ def _plain_logps(hidden_NH: torch.Tensor, weight_VH: torch.Tensor, labels_N: tor
     return log_probs_NV.gather(-1, labels_N.unsqueeze(-1)).squeeze(-1)
 
 
-def _twinkle_logps(device: torch.device) -> tuple[str, LogpsFn]:
+def _twinkle_logps(device: torch.device, chunk_size: int) -> tuple[str, LogpsFn]:
     if device.type == "cuda":
         from twinkle.kernel.linear_logps import TritonLinearLogps
 
@@ -54,7 +56,10 @@ def _twinkle_logps(device: torch.device) -> tuple[str, LogpsFn]:
         return "TritonLinearLogps", lambda hidden, weight, labels: kernel(hidden, weight, labels).logps
     from twinkle.module import chunked_token_logps
 
-    return "chunked_token_logps", lambda hidden, weight, labels: chunked_token_logps(hidden, weight, labels).logps
+    return (
+        f"chunked_token_logps, chunk_size={chunk_size}",
+        lambda hidden, weight, labels: chunked_token_logps(hidden, weight, labels, chunk_size).logps,
+    )
 
 
 def _rss_bytes(field: str) -> int:
@@ -98,7 +103,9 @@ def _measure(fn: LogpsFn, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor
     }
 
 
-def bench_linear_logps(n_tokens: int, vocab: int, hidden: int, device: str, *, repeats: int = 3) -> dict[str, Any]:
+def bench_linear_logps(
+    n_tokens: int, vocab: int, hidden: int, device: str, *, chunk_size: int = 1024, repeats: int = 3
+) -> dict[str, Any]:
     """Time and peak memory of forward + backward, plain vs Twinkle, on ``device`` (``"cpu"`` or ``"cuda"``).
 
     Returns the sizes, ``dtype``, ``logits_bytes`` (float32 ``[N, V]``, for scale),
@@ -113,7 +120,7 @@ def bench_linear_logps(n_tokens: int, vocab: int, hidden: int, device: str, *, r
     weight_VH.requires_grad_()
     labels_N = torch.randint(0, vocab, (n_tokens,), generator=generator).to(torch_device)
     inputs = (hidden_NH, weight_VH, labels_N)
-    impl, twinkle_fn = _twinkle_logps(torch_device)
+    impl, twinkle_fn = _twinkle_logps(torch_device, chunk_size)
     plain = _measure(_plain_logps, inputs, repeats)
     twinkle = _measure(twinkle_fn, inputs, repeats)
     max_diff = (plain.pop("logps") - twinkle.pop("logps")).abs().max().item()

@@ -8,7 +8,15 @@ mapping (per model family by default) and :func:`unkernelize` takes them out;
 """
 
 from twinkle.kernel.families import DEFAULT_MAPPINGS, OUTPUT_LOGPS, default_mapping
-from twinkle.kernel.kernelize import KernelReport, ReportEntry, get_kernel_report, kernelize, select_kernel, unkernelize
+from twinkle.kernel.kernelize import (
+    KernelReport,
+    ReportEntry,
+    get_kernel_report,
+    kernelize,
+    rekernelize,
+    select_kernel,
+    unkernelize,
+)
 from twinkle.kernel.linear_logps import LinearLogps, TritonLinearLogps, linear_logps_reference
 from twinkle.kernel.multi_lora import TritonMultiLora, multi_lora_delta_reference
 from twinkle.kernel.rms_norm import NpuRMSNorm, TritonRMSNorm, rms_norm_reference
@@ -34,6 +42,7 @@ __all__ = [
     "kernelize",
     "linear_logps_reference",
     "multi_lora_delta_reference",
+    "rekernelize",
     "rms_norm_reference",
     "rotary_reference",
     "select_kernel",

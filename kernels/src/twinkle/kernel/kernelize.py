@@ -23,7 +23,15 @@ from twinkle.kernel.families import DEFAULT_MAPPINGS, OUTPUT_LOGPS, default_mapp
 from twinkle.kernel.install import INSTALLERS, Undo
 from twinkle.registry import get_registry
 
-__all__ = ["KernelReport", "ReportEntry", "get_kernel_report", "kernelize", "select_kernel", "unkernelize"]
+__all__ = [
+    "KernelReport",
+    "ReportEntry",
+    "get_kernel_report",
+    "kernelize",
+    "rekernelize",
+    "select_kernel",
+    "unkernelize",
+]
 
 BACKEND_ORDER = ("triton", "npu")
 _REPORT_ATTRIBUTE = "_twinkle_kernel_report"  # set on the kernelized model, deleted by unkernelize
@@ -44,6 +52,7 @@ class ReportEntry:
 class KernelReport:
     """One entry per mapping target, in mapping order; ``kernels`` maps function targets to their kernel."""
 
+    mapping: dict[str, str | Kernel] = field(default_factory=dict)
     entries: list[ReportEntry] = field(default_factory=list)
     kernels: dict[str, Kernel] = field(default_factory=dict)
     _undo: list[Undo] = field(default_factory=list, repr=False)
@@ -56,7 +65,7 @@ class KernelReport:
     def __str__(self) -> str:
         lines = []
         for entry in self.entries:
-            where = f"{len(entry.modules)} modules" if entry.modules else "function"
+            where = "function" if entry.target == OUTPUT_LOGPS else f"{len(entry.modules)} modules"
             done = f"→ {entry.kernel}" if entry.kernel else f"kept (falls back: {entry.reason})"
             lines.append(f"{entry.target} [{entry.op}, {where}] {done}")
         return "\n".join(lines) or "nothing kernelized"
@@ -117,7 +126,7 @@ def kernelize(model: nn.Module, mapping: Mapping[str, str | Kernel] | None = Non
                 "pass mapping={module class name: op or kernel}"
             )
     device = next(model.parameters()).device
-    report = KernelReport()
+    report = KernelReport(dict(mapping))
     try:
         for target, spec in mapping.items():
             report.entries.append(_kernelize_target(model, target, spec, device, report))
@@ -160,6 +169,18 @@ def get_kernel_report(model: nn.Module) -> KernelReport | None:
     """What :func:`kernelize` replaced in ``model`` (``None`` when it is not kernelized)."""
     report: KernelReport | None = getattr(model, _REPORT_ATTRIBUTE, None)
     return report
+
+
+def rekernelize(model: nn.Module) -> KernelReport | None:
+    """Kernelize ``model`` again with its mapping, so modules added since (a new adapter's layers) get kernels too.
+
+    Returns the new report (``None``, doing nothing, on a model never kernelized).
+    """
+    report = get_kernel_report(model)
+    if report is None:
+        return None
+    unkernelize(model)
+    return kernelize(model, report.mapping)
 
 
 def unkernelize(model: nn.Module) -> None:

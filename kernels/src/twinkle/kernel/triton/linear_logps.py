@@ -3,10 +3,10 @@
 Low-rank terms enter as a second operand pair: every term's ``u`` scattered
 into its rows and its own columns of a zero ``x_NR``, every ``B`` side by side
 in ``w_VR``, so ``logits = hidden @ weight.T + x_NR @ w_VR.T`` and no copy of
-``weight`` is made. :func:`_forward` gives each block of tokens one program
+``weight`` is made. :func:`forward_program` gives each block of tokens one program
 that walks the vocabulary tile by tile, folding each logits tile into running
 max / argmax, sum of exponentials, label logit and entropy. The backward
-recomputes logits per (token chunk, vocabulary chunk) in :func:`_grad_logits`,
+recomputes logits per (token chunk, vocabulary chunk) in :func:`grad_logits_program`,
 which writes ``d out / d logits`` for that chunk only; torch matmuls turn it
 into the gradients, so the backward holds ``chunk_size × vocab_chunk_size``
 gradient logits at a time.
@@ -25,6 +25,7 @@ import triton.language as tl
 from twinkle.data_format import IGNORE_INDEX
 from twinkle.kernel.backends import triton_interpreted
 from twinkle.kernel.linear_logps import TRITON_DTYPES, LowRankTerms
+from twinkle.kernel.triton.linear_logps_programs import forward_program, grad_logits_program
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "DEFAULT_VOCAB_CHUNK_SIZE", "LinearLogpsFunction", "linear_logps"]
 
@@ -36,258 +37,6 @@ BLOCK_K = 64  # hidden (or rank) entries per tl.dot; tl.dot needs at least 16
 # The backward's gradient logits: 4096 × 16384 entries, 128 MiB in bf16, big enough for efficient matmuls.
 DEFAULT_CHUNK_SIZE = 4096
 DEFAULT_VOCAB_CHUNK_SIZE = 16384
-
-
-@triton.jit
-def _accumulate_dot(
-    acc,
-    x_ptr,
-    w_ptr,
-    rows,
-    cols,
-    row_end,
-    col_end,
-    K,
-    stride_x,
-    stride_w,
-    DOT_DTYPE: tl.constexpr,
-    PRECISION: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """``acc + x[rows] @ w[cols].T`` over ``K``; rows past ``row_end`` and columns past ``col_end`` count as zeros."""
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(
-            x_ptr + rows.to(tl.int64)[:, None] * stride_x + k[None, :],
-            mask=(rows[:, None] < row_end) & (k[None, :] < K),
-            other=0.0,
-        )
-        w = tl.load(
-            w_ptr + cols.to(tl.int64)[None, :] * stride_w + k[:, None],
-            mask=(k[:, None] < K) & (cols[None, :] < col_end),
-            other=0.0,
-        )
-        acc = tl.dot(x.to(DOT_DTYPE), w.to(DOT_DTYPE), acc, input_precision=PRECISION)
-    return acc
-
-
-@triton.jit
-def _logits_tile(
-    x_ptr,
-    w_ptr,
-    xr_ptr,
-    wr_ptr,
-    rows,
-    cols,
-    row_end,
-    col_end,
-    H,
-    R,
-    stride_x,
-    stride_w,
-    stride_xr,
-    stride_wr,
-    DOT_DTYPE: tl.constexpr,
-    PRECISION: tl.constexpr,
-    DOT_DTYPE_R: tl.constexpr,
-    PRECISION_R: tl.constexpr,
-    HAS_LOW_RANK: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """The float32 logits of ``rows`` × ``cols``: the main operand pair plus, if any, the low-rank pair."""
-    acc = tl.zeros((BLOCK_N, BLOCK_V), dtype=tl.float32)
-    acc = _accumulate_dot(
-        acc, x_ptr, w_ptr, rows, cols, row_end, col_end, H, stride_x, stride_w, DOT_DTYPE, PRECISION, BLOCK_K
-    )
-    if HAS_LOW_RANK:
-        acc = _accumulate_dot(
-            acc,
-            xr_ptr,
-            wr_ptr,
-            rows,
-            cols,
-            row_end,
-            col_end,
-            R,
-            stride_xr,
-            stride_wr,
-            DOT_DTYPE_R,
-            PRECISION_R,
-            BLOCK_K,
-        )
-    return acc
-
-
-@triton.jit
-def _forward(
-    x_ptr,
-    w_ptr,
-    xr_ptr,
-    wr_ptr,
-    labels_ptr,
-    logps_ptr,
-    lse_ptr,
-    argmax_ptr,
-    entropy_ptr,
-    N,
-    V,
-    H,
-    R,
-    stride_x,
-    stride_w,
-    stride_xr,
-    stride_wr,
-    DOT_DTYPE: tl.constexpr,
-    PRECISION: tl.constexpr,
-    DOT_DTYPE_R: tl.constexpr,
-    PRECISION_R: tl.constexpr,
-    HAS_LOW_RANK: tl.constexpr,
-    WITH_ENTROPY: tl.constexpr,
-    IGNORE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """Per token of one block: log-sum-exp, label log-prob, argmax and (``WITH_ENTROPY``) entropy of its logits."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    labels = tl.load(labels_ptr + rows, mask=rows < N, other=IGNORE)
-    m = tl.full((BLOCK_N,), float("-inf"), tl.float32)  # running max
-    s = tl.zeros((BLOCK_N,), tl.float32)  # sum of exp(z - m)
-    t = tl.zeros((BLOCK_N,), tl.float32)  # sum of exp(z - m) * (z - m), for the entropy
-    picked = tl.zeros((BLOCK_N,), tl.float32)
-    best = tl.zeros((BLOCK_N,), tl.int32)
-    for v0 in range(0, V, BLOCK_V):
-        cols = v0 + tl.arange(0, BLOCK_V)
-        col_mask = cols[None, :] < V
-        z = _logits_tile(
-            x_ptr,
-            w_ptr,
-            xr_ptr,
-            wr_ptr,
-            rows,
-            cols,
-            N,
-            V,
-            H,
-            R,
-            stride_x,
-            stride_w,
-            stride_xr,
-            stride_wr,
-            DOT_DTYPE,
-            PRECISION,
-            DOT_DTYPE_R,
-            PRECISION_R,
-            HAS_LOW_RANK,
-            BLOCK_N,
-            BLOCK_V,
-            BLOCK_K,
-        )
-        z = tl.where(col_mask, z, float("-inf"))
-        tile_max = tl.max(z, axis=1)
-        # Strictly greater: the first maximum wins, as in torch.argmax.
-        best = tl.where(tile_max > m, v0 + tl.argmax(z, axis=1), best)
-        m_new = tl.maximum(m, tile_max)
-        alpha = tl.exp(m - m_new)
-        shifted = z - m_new[:, None]  # -inf past the vocabulary
-        p = tl.exp(shifted)
-        if WITH_ENTROPY:
-            # Moving the reference from m to m_new shifts every earlier (z - m) by m - m_new (nothing yet: s = 0).
-            shift = tl.where(s > 0, m - m_new, 0.0)
-            t = alpha * (t + shift * s) + tl.sum(p * tl.where(col_mask, shifted, 0.0), axis=1)
-        s = alpha * s + tl.sum(p, axis=1)
-        m = m_new
-        picked += tl.sum(tl.where(cols[None, :] == labels[:, None], z, 0.0), axis=1)
-    log_s = tl.log(s)
-    lse = m + log_s
-    valid = labels != IGNORE
-    row_mask = rows < N
-    tl.store(lse_ptr + rows, lse, mask=row_mask)
-    tl.store(logps_ptr + rows, tl.where(valid, picked - lse, 0.0), mask=row_mask)
-    tl.store(argmax_ptr + rows, best, mask=row_mask)
-    if WITH_ENTROPY:
-        tl.store(entropy_ptr + rows, tl.where(valid, log_s - t / s, 0.0), mask=row_mask)
-
-
-@triton.jit
-def _grad_logits(
-    x_ptr,
-    w_ptr,
-    xr_ptr,
-    wr_ptr,
-    labels_ptr,
-    lse_ptr,
-    grad_logps_ptr,
-    entropy_ptr,
-    grad_entropy_ptr,
-    out_ptr,
-    row0,
-    row_end,
-    col0,
-    col_end,
-    H,
-    R,
-    stride_x,
-    stride_w,
-    stride_xr,
-    stride_wr,
-    stride_out,
-    DOT_DTYPE: tl.constexpr,
-    PRECISION: tl.constexpr,
-    DOT_DTYPE_R: tl.constexpr,
-    PRECISION_R: tl.constexpr,
-    HAS_LOW_RANK: tl.constexpr,
-    ENTROPY_GRAD: tl.constexpr,
-    IGNORE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """``out[r - row0, c - col0]`` = d (logps, entropy) / d logits[r, c], weighted by their incoming gradients."""
-    rows = row0 + tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols = col0 + tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    row_mask = rows < row_end
-    labels = tl.load(labels_ptr + rows, mask=row_mask, other=IGNORE)
-    valid = labels != IGNORE
-    lse = tl.load(lse_ptr + rows, mask=row_mask, other=0.0)
-    g = tl.where(valid, tl.load(grad_logps_ptr + rows, mask=row_mask, other=0.0), 0.0)
-    z = _logits_tile(
-        x_ptr,
-        w_ptr,
-        xr_ptr,
-        wr_ptr,
-        rows,
-        cols,
-        row_end,
-        col_end,
-        H,
-        R,
-        stride_x,
-        stride_w,
-        stride_xr,
-        stride_wr,
-        DOT_DTYPE,
-        PRECISION,
-        DOT_DTYPE_R,
-        PRECISION_R,
-        HAS_LOW_RANK,
-        BLOCK_N,
-        BLOCK_V,
-        BLOCK_K,
-    )
-    log_p = z - lse[:, None]
-    p = tl.exp(log_p)
-    # d logp / d z = onehot(label) - softmax(z).
-    grad = tl.where(cols[None, :] == labels[:, None], g[:, None], 0.0) - g[:, None] * p
-    if ENTROPY_GRAD:
-        g_entropy = tl.where(valid, tl.load(grad_entropy_ptr + rows, mask=row_mask, other=0.0), 0.0)
-        entropy = tl.load(entropy_ptr + rows, mask=row_mask, other=0.0)
-        # d entropy / d z = -softmax(z) * (log_softmax(z) + entropy).
-        grad -= g_entropy[:, None] * p * (log_p + entropy[:, None])
-    offsets = (rows - row0).to(tl.int64)[:, None] * stride_out + (cols - col0)[None, :]
-    tl.store(out_ptr + offsets, grad.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (cols[None, :] < col_end))
 
 
 _HALF_TYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -388,7 +137,7 @@ class LinearLogpsFunction(torch.autograd.Function):
         logps_N, lse_N, argmax_N = new(dtype=torch.float32), new(dtype=torch.float32), new(dtype=torch.int32)
         entropy_N = new(dtype=torch.float32) if with_entropy else None
         if n_rows:
-            _forward[(triton.cdiv(n_rows, BLOCK_N),)](
+            forward_program[(triton.cdiv(n_rows, BLOCK_N),)](
                 labels_ptr=labels_N,
                 logps_ptr=logps_N,
                 lse_ptr=lse_N,
@@ -446,7 +195,7 @@ class LinearLogpsFunction(torch.autograd.Function):
                 row_end = min(row0 + chunk, n_rows)
                 grad_CV = buffer_CV[: row_end - row0, : col_end - col0]
                 grid = (triton.cdiv(row_end - row0, BLOCK_N), triton.cdiv(col_end - col0, operands["BLOCK_V"]))
-                _grad_logits[grid](
+                grad_logits_program[grid](
                     out_ptr=grad_CV,
                     row0=row0,
                     row_end=row_end,

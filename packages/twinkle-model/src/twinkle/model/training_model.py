@@ -1,21 +1,18 @@
 """``TrainingModel``: the semantic training API over a Hugging Face causal LM, for any adapter back-end.
 
-Every public method is usable on its own, so a training loop reads like plain
-PyTorch (``forward`` → ``calculate_loss`` → ``backward`` → ``step``) or uses
-the fused calls (``forward_backward``, ``clip_grad_and_step``). Each LoRA
-adapter — or the full model when there is none — owns its optimizer, LR
-scheduler, loss, processor, template, metrics and counters (:class:`TrainState`).
+Every public method is usable on its own, so a training loop reads like plain PyTorch (``forward`` →
+``calculate_loss`` → ``backward`` → ``step``) or uses the fused calls (``forward_backward``, ``clip_grad_and_step``).
+Each LoRA adapter — or the full model when there is none — owns its optimizer, LR scheduler, loss, processor,
+template, metrics and counters (:class:`TrainState`).
 
-Subclasses decide how adapters live in the model: :class:`TransformersModel`
-through PEFT, :class:`MultiLoraModel` as per-row multi-adapter layers. They
-implement the five hooks ``_add_adapter``, ``_route_rows``, ``adapter_state_dict``,
-``write_adapter_files`` and ``load_adapter_weights``.
+Subclasses decide how adapters live in the model: :class:`TransformersModel` through PEFT, :class:`MultiLoraModel`
+as per-row multi-adapter layers. They implement the five hooks ``_add_adapter``, ``_route_rows``,
+``adapter_state_dict``, ``write_adapter_files`` and ``load_adapter_weights``.
 
-Under ``torchrun`` the ``device_mesh`` (or ``twinkle.initialize``'s
-``global_device_mesh``) makes the same code train with DDP (``dp_size``) or
-FSDP2 (``fsdp_size``), each rank on its share of the global batch: see
-:mod:`twinkle.model.parallel`. Every forward, loss and backward of a call runs
-through the one pass engine, :class:`twinkle.model.passes.engine.PassEngine`.
+Under ``torchrun`` the ``device_mesh`` (or ``twinkle.initialize``'s ``global_device_mesh``) makes the same code
+train with DDP (``dp_size``) or FSDP2 (``fsdp_size``), each rank on its share of the global batch: see
+:mod:`twinkle.model.parallel`. Every forward, loss and backward of a call runs through the one pass engine,
+:class:`twinkle.model.passes.engine.PassEngine`.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from peft import PeftConfig
@@ -35,21 +32,25 @@ from twinkle.data_format import LossOutput, ModelOutput
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.hub import resolve_model
 from twinkle.infra import DeviceMesh, get_runtime
+from twinkle.kernel import rekernelize
 from twinkle.model import peft_adapters, stepwise
 from twinkle.model.checkpoints import save_load
 from twinkle.model.features import BatchPreparer
 from twinkle.model.parallel import full_tensors, local_device, parallelism_for
 from twinkle.model.passes.engine import PassEngine
-from twinkle.model.passes.plans import LossPlan, TargetsPlan
+from twinkle.model.passes.logps import inner_model
+from twinkle.model.passes.plans import LossPlan, Plan, TargetsPlan
 from twinkle.model.passes.requests import AdapterResult, LossFn, TargetSequence, TargetsOutput, model_limits
 from twinkle.model.precision import MixedPrecision, check_mixed_precision
 from twinkle.model.seeding import seeded
 from twinkle.model.train_state import FULL_MODEL, TrainState, check_new_adapter, find_state, new_state
 from twinkle.module import build_optimizer
+from twinkle.patch import KernelsSpec, PatchSpec, accelerate
 from twinkle.registry import build
 from twinkle.utils import get_logger
 
 logger = get_logger(__name__)
+OutputT = TypeVar("OutputT", ModelOutput, TargetsOutput)
 
 
 class TrainingModel(ABC):
@@ -59,6 +60,8 @@ class TrainingModel(ABC):
     the embedded ``builtin://qwen3-tiny``). Weights stay in ``dtype`` (float32 by
     default); ``mixed_precision`` runs the forward under autocast. ``device``
     defaults to CUDA (``cuda:LOCAL_RANK`` under torchrun) when there is one.
+    ``kernels`` (``True``: the family's defaults, or a mapping) and ``patches``
+    go into the model through :func:`twinkle.patch.accelerate`.
     """
 
     trains_full_model = True  # without adapters, every weight trains
@@ -73,6 +76,8 @@ class TrainingModel(ABC):
         dtype: torch.dtype = torch.float32,
         attn_implementation: str = "sdpa",
         logps_chunk_size: int = 4096,
+        kernels: KernelsSpec = False,
+        patches: Sequence[PatchSpec] = (),
         **from_pretrained_kwargs: Any,
     ) -> None:
         check_mixed_precision(mixed_precision)
@@ -88,6 +93,7 @@ class TrainingModel(ABC):
             self.model_path, dtype=dtype, attn_implementation=attn_implementation, **from_pretrained_kwargs
         ).to(self.device)  # type: ignore[arg-type]  # transformers wraps .to; mypy does not bind self to it
         self.model.train()
+        accelerate(self.model, kernels, patches)
         config = self.model.config
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
@@ -123,6 +129,7 @@ class TrainingModel(ABC):
             config = peft_adapters.as_peft_config(config_or_dir)
         with seeded(seed):
             params = self._add_adapter(adapter_name, config, directory)
+        rekernelize(inner_model(self.model))  # the adapter's new layers get kernels too
         self._states[adapter_name] = new_state(adapter_name, params, gradient_accumulation_steps, self.pad_token_id)
 
     @abstractmethod
@@ -227,10 +234,7 @@ class TrainingModel(ABC):
         self._wrap()
         limits = model_limits(self.model)
         plan = TargetsPlan(state, AdapterResult(adapter_name), sequences, loss_fn, backward, limits, self.parallel)
-        self._engine.run([plan])
-        output = plan.result.unwrap()
-        assert isinstance(output, TargetsOutput)
-        return output
+        return self._run(plan, None, TargetsOutput)
 
     def update_optimizer(self, adapter_name: str | None = None, **hyperparameters: Any) -> None:
         """Set hyper-parameters (``lr``, ``betas``, ``eps``, ``weight_decay``...) of the existing optimizer in place.
@@ -347,10 +351,6 @@ class TrainingModel(ABC):
 
     # ------------------------------------------------------------------ internals
 
-    def _drop_unused_full_model_state(self) -> None:
-        """Only evaluated (or a call failed) without adapters so far: the adapters replace that state."""
-        self._states.pop(FULL_MODEL, None)
-
     def train_state(self, adapter_name: str | None) -> TrainState:
         """The :class:`TrainState` of ``adapter_name`` (the only adapter, or the full model, when ``None``)."""
         if not self._states and adapter_name is None:
@@ -394,7 +394,10 @@ class TrainingModel(ABC):
             features = self._batches.features(state, inputs)
         result = AdapterResult(adapter_name)
         plan = LossPlan(state, result, features, loss_inputs, self.parallel, train, micro_batch_size, return_logits)
+        return self._run(plan, micro_batch_size, ModelOutput)
+
+    def _run(self, plan: Plan, micro_batch_size: int | None, output_type: type[OutputT]) -> OutputT:
         self._engine.run([plan], micro_batch_size)
-        output = result.unwrap()
-        assert isinstance(output, ModelOutput)
+        output = plan.result.unwrap()
+        assert isinstance(output, output_type)
         return output

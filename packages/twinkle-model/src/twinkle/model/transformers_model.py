@@ -17,7 +17,7 @@ from peft import PeftConfig, PeftModel
 from twinkle.errors import ConfigurationError
 from twinkle.infra import remote_class
 from twinkle.model import peft_adapters
-from twinkle.model.train_state import TrainState
+from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.model.training_model import TrainingModel
 from twinkle.registry import register
 
@@ -29,7 +29,7 @@ class TransformersModel(TrainingModel):
 
     def _add_adapter(self, adapter_name: str, config: PeftConfig, directory: Path | None) -> list[torch.nn.Parameter]:
         self.model = peft_adapters.add_adapter(self.model, adapter_name, config)
-        self._drop_unused_full_model_state()
+        self._states.pop(FULL_MODEL, None)  # only evaluated (or failed) without adapters: adapters replace it
         if directory:
             peft_adapters.load_adapter_weights(self.model, adapter_name, directory)
         return peft_adapters.adapter_parameters(self.model, adapter_name)

@@ -9,7 +9,7 @@ the base model: rows of one batch may each use a different adapter, or none.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from twinkle.data_format import SamplingParams
 from twinkle.errors import ConfigurationError
 from twinkle.hub import resolve_model
 from twinkle.infra import DeviceMesh, remote_class
+from twinkle.kernel import rekernelize
 from twinkle.module import (
     MultiLoraLinear,
     adapter_names,
@@ -29,6 +30,7 @@ from twinkle.module import (
     set_adapter_weights,
     split_lora_state_dict,
 )
+from twinkle.patch import KernelsSpec, PatchSpec, accelerate
 from twinkle.registry import register
 from twinkle.sampler.base import Sampler
 from twinkle.sampler.decoding import Decoder
@@ -44,6 +46,8 @@ class TorchSampler(Sampler):
     ``model_id`` is anything :func:`twinkle.hub.resolve_model` accepts (default:
     the embedded ``builtin://qwen3-tiny``). ``dtype`` is the weights' dtype;
     sampling and log-probs always run in float32 on the output layer's logits.
+    ``kernels`` (``True``: the family's defaults, or a mapping) and ``patches``
+    go into the model through :func:`twinkle.patch.accelerate`.
     """
 
     def __init__(
@@ -53,6 +57,8 @@ class TorchSampler(Sampler):
         dtype: torch.dtype = torch.float32,
         attn_implementation: str = "sdpa",
         device_mesh: DeviceMesh | None = None,
+        kernels: KernelsSpec = False,
+        patches: Sequence[PatchSpec] = (),
         **from_pretrained_kwargs: Any,
     ) -> None:
         super().__init__(resolve_model(model_id))
@@ -63,6 +69,7 @@ class TorchSampler(Sampler):
             self.model_path, dtype=dtype, attn_implementation=attn_implementation, **from_pretrained_kwargs
         ).to(self.device)  # type: ignore[arg-type]  # transformers wraps .to; mypy does not bind self to it
         self.model.eval().requires_grad_(False)
+        accelerate(self.model, kernels, patches)
         pad = self.model.config.pad_token_id
         self.pad_token_id = pad if pad is not None else self.tokenizer.pad_token_id or 0
 
@@ -97,6 +104,7 @@ class TorchSampler(Sampler):
         like = {"device": weight.device, "dtype": weight.dtype, "copy": True}
         snapshot = {module: (A.detach().to(**like), B.detach().to(**like)) for module, (A, B) in tensors.items()}
         set_adapter_weights(self.model, name, snapshot, scaling)
+        rekernelize(self.model)  # layers injected for this adapter get kernels too
 
     def load_adapter(self, name: str, path: str | Path) -> None:
         config, state_dict = read_adapter_dir(path)

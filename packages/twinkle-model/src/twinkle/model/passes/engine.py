@@ -33,6 +33,7 @@ from twinkle.model.passes.logps import (
     TokenLogpsResult,
     decoder_hidden,
     label_logps,
+    logps_kernel,
     target_row_logps,
 )
 from twinkle.model.passes.loss_inputs import check_micro_batch_size
@@ -201,9 +202,9 @@ class PassEngine:
     ) -> tuple[TokenLogpsResult | None, dict[int, torch.Tensor]]:
         """The decoder once, then the output layer on the positions that predict labels or targets."""
         hidden_BTH = decoder_hidden(model, batch)
-        chunk_size = self.host.logps_chunk_size
-        labels = label_logps(model, hidden_BTH, batch, chunk_size, return_logits) if reads_labels else None
-        targets = target_row_logps(model, hidden_BTH, target_rows, chunk_size) if target_rows else {}
+        chunk_size, kernel = self.host.logps_chunk_size, logps_kernel(model)
+        labels = label_logps(model, hidden_BTH, batch, chunk_size, return_logits, kernel) if reads_labels else None
+        targets = target_row_logps(model, hidden_BTH, target_rows, chunk_size, kernel) if target_rows else {}
         return labels, targets
 
     def _on_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -6,7 +6,9 @@ then runs only on the hidden states that predict something, in chunks, so the
 shifted ``labels`` (an ``InputFeature``: :func:`label_logps`) or explicit
 targets per position (Tinker's layout, :class:`TargetSequence`: ``tokens[t]``
 predicts ``targets[t]``, one id or K: :func:`target_row_logps`). Both go
-through :func:`output_layer_logps`.
+through :func:`output_layer_logps`, which runs a model's kernelized
+``linear_logps`` kernel (twinkle-kernels' Triton op, :func:`logps_kernel`)
+where it can, and the PyTorch chunked path otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from torch.utils.checkpoint import checkpoint
 
 from twinkle.data_format import IGNORE_INDEX
 from twinkle.errors import InvalidInputError
+from twinkle.interfaces import Kernel
+from twinkle.kernel import OUTPUT_LOGPS, get_kernel_report
 from twinkle.model.passes.requests import TargetSequence, check_sequences, model_limits
 from twinkle.module import MultiLoraLinear, TokenLogps, chunked_token_logps, logps_dtype, per_token
 from twinkle.processor import model_inputs
@@ -54,19 +58,36 @@ def decoder_hidden(model: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tenso
     return hidden_BTH
 
 
+def logps_kernel(model: Any) -> Kernel | None:
+    """The ``linear_logps`` kernel :func:`twinkle.kernel.kernelize` put into ``model`` (``None`` when there is none)."""
+    report = get_kernel_report(inner_model(model))
+    return None if report is None else report.kernels.get(OUTPUT_LOGPS)
+
+
 def output_layer_logps(
-    head: torch.nn.Module, hidden_NH: torch.Tensor, targets_NK: torch.Tensor, rows_N: torch.Tensor, chunk_size: int
+    head: torch.nn.Module,
+    hidden_NH: torch.Tensor,
+    targets_NK: torch.Tensor,
+    rows_N: torch.Tensor,
+    chunk_size: int,
+    kernel: Kernel | None = None,
 ) -> TokenLogps:
     """``log p(targets_NK[n, k])`` under the logits ``head(hidden_NH[n])``, and argmax hits of ``targets_NK[:, 0]``.
 
     ``rows_N[n]`` is the batch row that position ``n`` comes from, so a head
     with per-row LoRA adapters (``MultiLoraLinear``) gives each position its
     row's adapter (folded into the fused chunks as low-rank terms). Only
-    ``chunk_size`` positions' logits exist at a time.
+    ``chunk_size`` positions' logits exist at a time; a ``linear_logps``
+    ``kernel`` available on the device computes them tile by tile instead.
     """
     if isinstance(head, (torch.nn.Linear, MultiLoraLinear)) and _fused(head) and targets_NK.shape[1] == 1:
         terms = head.low_rank_terms(hidden_NH, rows_N) if isinstance(head, MultiLoraLinear) else []
-        logps_N, correct_N = chunked_token_logps(hidden_NH, head.weight, targets_NK[:, 0], chunk_size, low_rank=terms)
+        weight_VH = head.weight
+        # float64 would take the kernel's reference, which builds every logit at once
+        if kernel is not None and kernel.available(hidden_NH.device) and weight_VH.dtype != torch.float64:
+            fused = kernel(hidden_NH.to(weight_VH.dtype), weight_VH, targets_NK[:, 0], terms, chunk_size=chunk_size)
+            return TokenLogps(fused.logps.unsqueeze(1), fused.correct)
+        logps_N, correct_N = chunked_token_logps(hidden_NH, weight_VH, targets_NK[:, 0], chunk_size, low_rank=terms)
         return TokenLogps(logps_N.unsqueeze(1), correct_N)
     # K targets, or another head (biased, PEFT-adapted): run the module itself, chunk by chunk,
     # recomputing each chunk's logits in backward instead of keeping them.
@@ -98,7 +119,12 @@ def _chunk_logps(
 
 
 def label_logps(
-    model: Any, hidden_BTH: torch.Tensor, batch: Mapping[str, torch.Tensor], chunk_size: int, return_logits: bool
+    model: Any,
+    hidden_BTH: torch.Tensor,
+    batch: Mapping[str, torch.Tensor],
+    chunk_size: int,
+    return_logits: bool,
+    kernel: Kernel | None = None,
 ) -> TokenLogpsResult:
     """The log-probs of ``batch['labels']`` (rows without labels cost nothing)."""
     labels_BT = batch["labels"]
@@ -110,7 +136,7 @@ def label_logps(
     head = inner_model(model).get_output_embeddings()
     rows_N = predictors_BT.nonzero(as_tuple=True)[0]
     logps_N1, correct_N = output_layer_logps(
-        head, hidden_BTH[predictors_BT], labels_BT[supervised_BT].unsqueeze(1), rows_N, chunk_size
+        head, hidden_BTH[predictors_BT], labels_BT[supervised_BT].unsqueeze(1), rows_N, chunk_size, kernel
     )
     logps_N = logps_N1.squeeze(1)
     logps_BT = torch.zeros(labels_BT.shape, dtype=logps_N.dtype, device=labels_BT.device)
@@ -121,7 +147,11 @@ def label_logps(
 
 
 def target_row_logps(
-    model: Any, hidden_BTH: torch.Tensor, rows: Mapping[int, TargetSequence], chunk_size: int
+    model: Any,
+    hidden_BTH: torch.Tensor,
+    rows: Mapping[int, TargetSequence],
+    chunk_size: int,
+    kernel: Kernel | None = None,
 ) -> dict[int, torch.Tensor]:
     """Per batch row in ``rows``, ``log p(targets[t] | tokens[:t+1])`` shaped like its targets.
 
@@ -140,7 +170,7 @@ def target_row_logps(
         hidden_NH = torch.cat([hidden_BTH[row, :n] for row, n in zip(group, lengths, strict=True)])
         targets_NK = torch.cat([rows[row].targets.reshape(n, width) for row, n in zip(group, lengths, strict=True)])
         rows_N = torch.repeat_interleave(torch.tensor(group), torch.tensor(lengths)).to(device)
-        logps_NK = output_layer_logps(head, hidden_NH, targets_NK.to(device), rows_N, chunk_size).logps
+        logps_NK = output_layer_logps(head, hidden_NH, targets_NK.to(device), rows_N, chunk_size, kernel).logps
         for row, piece in zip(group, logps_NK.split(lengths), strict=True):
             result[row] = piece.reshape(rows[row].targets.shape)
     return result
@@ -175,7 +205,8 @@ def target_logps(
     check_chunk_size(chunk_size)
     device = inner_model(model).get_input_embeddings().weight.device
     batch = {name: tensor.to(device) for name, tensor in sequence_batch(sequences, 0).items()}
-    logps = target_row_logps(model, decoder_hidden(model, batch), dict(enumerate(sequences)), chunk_size)
+    hidden_BTH = decoder_hidden(model, batch)
+    logps = target_row_logps(model, hidden_BTH, dict(enumerate(sequences)), chunk_size, logps_kernel(model))
     return [logps[row] for row in range(len(sequences))]
 
 
