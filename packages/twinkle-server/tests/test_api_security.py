@@ -151,6 +151,12 @@ def test_quotas_answer_with_the_limit_that_was_hit(server):
     assert second.status_code == 403 and second.json()["error"]["limit"] == "max_adapters"
     long_batch = _call(client, _headers(keys, "carol"), run_id, "forward_only", inputs=[FEATURE, FEATURE])
     assert long_batch.status_code == 403 and long_batch.json()["error"]["limit"] == "max_tokens_per_request"
+    # A sampling request counts what it may generate: (4 prompt tokens + max_tokens) per sample.
+    for sampling_params, num_samples, tokens in (({"max_tokens": 9}, None, 13), ({"max_tokens": 4}, 2, 16)):
+        body = {"inputs": [{"input_ids": [5, 6, 7, 8]}], "sampling_params": sampling_params, "num_samples": num_samples}
+        refused = client.post(f"{API}/sample", headers=_headers(keys, "carol"), json=body)
+        assert refused.status_code == 403, refused.text
+        assert f"request has {tokens} tokens" in refused.json()["error"]["message"]
     statuses = [client.get(f"{API}/runs", headers=_headers(keys, "dave")).status_code for _ in range(5)]
     assert 429 in statuses and statuses[0] == 200
 

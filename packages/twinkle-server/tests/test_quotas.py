@@ -98,3 +98,11 @@ def test_rate_limit_is_thread_safe(config, clock):
     for thread in threads:
         thread.join()
     assert len(allowed) == 2  # the clock never moved: exactly the burst gets through
+
+
+def test_sampling_counts_every_prompt_and_what_each_sample_may_generate(config):
+    checker = QuotaChecker(config)
+    checker.check_sampling("alice", prompt_tokens=100, n_prompts=2, max_tokens=150, num_samples=2)  # 800
+    with pytest.raises(QuotaExceededError, match="request has 1002 tokens") as info:
+        checker.check_sampling("alice", prompt_tokens=1, n_prompts=1, max_tokens=500, num_samples=2)
+    assert info.value.limit == "max_tokens_per_request"

@@ -55,6 +55,10 @@ class QuotaChecker:
                 "max_tokens_per_request",
             )
 
+    def check_sampling(self, user: str, prompt_tokens: int, n_prompts: int, max_tokens: int, num_samples: int) -> None:
+        """A sampling request's tokens: its prompts and the most each sample may generate, for every sample."""
+        self.check_tokens(user, (prompt_tokens + n_prompts * max_tokens) * num_samples)
+
     def check_rate(self, user: str) -> None:
         """Take one request from ``user``'s bucket, or raise RateLimitError saying when to retry."""
         rate = self.limits(user).requests_per_second

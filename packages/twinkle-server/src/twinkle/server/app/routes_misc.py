@@ -9,6 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
 from twinkle import wire
+from twinkle.data_format import SamplingParams
 from twinkle.errors import InvalidInputError, PermissionDeniedError, ResourceNotFoundError
 from twinkle.server.app.calls import count_tokens, hold_checkpoint
 from twinkle.server.app.http import caller, reply
@@ -129,7 +130,12 @@ async def sample(request: Request, body: Annotated[Sample, request_body(Sample)]
     if run_id is not None:
         owned_run(state, user, run_id)
     inputs = from_wire(body.inputs)
-    state.quotas.check_tokens(user, count_tokens(inputs))
+    params, num_samples = body.sampling_params, body.num_samples
+    defaults = params or SamplingParams()
+    n_prompts = len(inputs) if isinstance(inputs, list) else 1
+    state.quotas.check_sampling(
+        user, count_tokens(inputs), n_prompts, defaults.max_tokens, num_samples or defaults.num_samples
+    )
     template = spec_dict(body.template)
     hold = None if base_model is None else hold_checkpoint(state, user, "", base_model)  # kept while the task runs
     release = hold.release if hold is not None else lambda: None
@@ -138,7 +144,6 @@ async def sample(request: Request, body: Annotated[Sample, request_body(Sample)]
         if not created:
             release()
             return reply(request, {"future_id": future.id})
-        params, num_samples = body.sampling_params, body.num_samples
 
         def on_done(result: Any, error: BaseException | None) -> None:
             release()

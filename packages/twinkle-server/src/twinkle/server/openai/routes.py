@@ -72,7 +72,7 @@ async def chat_completions(
             f"the messages take {len(prompt)} tokens: with max_tokens={params.max_tokens} they exceed the "
             f"model's {state.engine.max_length}-token context"
         )
-    state.quotas.check_tokens(user, len(prompt) * params.num_samples)
+    state.quotas.check_sampling(user, len(prompt), 1, params.max_tokens, params.num_samples)
     target = models.resolve(state, user, body.model)
     try:
         openai_state: OpenAIState = request.app.state.openai

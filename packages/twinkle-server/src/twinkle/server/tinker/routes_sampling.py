@@ -102,7 +102,7 @@ async def asample(
             f"the prompt has {len(tokens)} tokens: with max_tokens={params.max_tokens} it exceeds the model's "
             f"{engine.max_length}-token context"
         )
-    state.quotas.check_tokens(caller.user, len(tokens) * params.num_samples)
+    state.quotas.check_sampling(caller.user, len(tokens), 1, params.max_tokens, params.num_samples)
 
     queue_key, args = f"sample:{session.id}", (tokens, params, body.prompt_logprobs_last_n)
     replica = engine.replica_of(session.run_id or queue_key)  # a snapshot is in its run's pool; else any will do
