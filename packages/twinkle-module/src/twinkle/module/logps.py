@@ -7,8 +7,10 @@ chunk's logits are alive at a time. When all chunks' probabilities fit in
 tokens keeps its logits *and* their log-softmax, twice as much) they are kept
 for the backward, so nothing is computed twice; beyond that the backward
 recomputes each chunk's logits instead of storing them (the trade made by
-fused linear cross-entropy kernels, which replace this function on GPU later). Callers pass only supervised positions,
-so prompt tokens cost nothing in the output layer. LoRA on the output layer
+fused linear cross-entropy kernels: twinkle-kernels' ``TritonLinearLogps``
+replaces this function in kernelized models). A chunk's logits become its
+softmax in place, so one ``chunk × V`` buffer is alive at a time. Callers pass
+only supervised positions, so prompt tokens cost nothing in the output layer. LoRA on the output layer
 enters as :class:`LowRankTerm` s added to the logits inside the same chunks,
 so an adapted ``lm_head`` keeps this path's speed and memory bound.
 """
@@ -90,10 +92,12 @@ class _ChunkedTokenLogps(torch.autograd.Function):
             logits_CV = _chunk_logits(hidden_NH, weight_VH, terms, start, end).to(dtype)
             labels_C = labels_N[start:end]
             correct_N[start:end] = logits_CV.argmax(-1) == labels_C
-            logsumexp_C = torch.logsumexp(logits_CV, dim=-1)
-            logps_N[start:end] = _picked_logps(logits_CV, labels_C, logsumexp_C)
-            if save_probs:  # softmax from the logsumexp already taken, in the chunk's own memory
-                saved_probs.append(logits_CV.sub_(logsumexp_C.unsqueeze(-1)).exp_())
+            valid_C = labels_C != IGNORE_INDEX
+            picked_C = logits_CV.gather(-1, torch.where(valid_C, labels_C, 0).unsqueeze(-1)).squeeze(-1)
+            logsumexp_C = _softmax_(logits_CV)
+            logps_N[start:end] = torch.where(valid_C, picked_C - logsumexp_C, 0.0)
+            if save_probs:
+                saved_probs.append(logits_CV)
         ctx.save_for_backward(hidden_NH, weight_VH, labels_N, *factors)
         ctx.chunk_size, ctx.saved_probs, ctx.positions = chunk_size, saved_probs, positions
         ctx.mark_non_differentiable(correct_N)
@@ -119,7 +123,8 @@ class _ChunkedTokenLogps(torch.autograd.Function):
             if ctx.saved_probs:
                 probs_CV = ctx.saved_probs[index]
             else:
-                probs_CV = torch.softmax(_chunk_logits(hidden_NH, weight_VH, terms, start, end).to(dtype), dim=-1)
+                probs_CV = _chunk_logits(hidden_NH, weight_VH, terms, start, end).to(dtype)
+                _softmax_(probs_CV)
             valid_C = labels_C != IGNORE_INDEX
             # d logp / d logits = onehot(label) - softmax(logits), scaled by the incoming gradient.
             scale_C = torch.where(valid_C, grad_logps_N[start:end].to(dtype), 0.0)
@@ -143,6 +148,17 @@ class _ChunkedTokenLogps(torch.autograd.Function):
             grad_weight = grad_weight.to(weight_VH.dtype)
         grads = [None if g is None else g.to(f.dtype) for g, f in zip(grad_factors, factors, strict=True)]
         return grad_hidden, grad_weight, None, None, None, None, *grads
+
+
+def _softmax_(logits_CV: torch.Tensor) -> torch.Tensor:
+    """Each row's log-sum-exp; ``logits_CV`` (the chunk's own buffer) becomes its softmax in place.
+
+    ``torch.logsumexp`` and ``torch.softmax`` would each allocate a second ``[C, V]`` buffer.
+    """
+    max_C1 = logits_CV.amax(-1, keepdim=True)
+    sum_C1 = logits_CV.sub_(max_C1).exp_().sum(-1, keepdim=True)
+    logits_CV.div_(sum_C1)
+    return (max_C1 + sum_C1.log()).squeeze(-1)
 
 
 def _terms(positions: tuple[torch.Tensor | None, ...], factors: Sequence[torch.Tensor]) -> list[LowRankTerm]:
