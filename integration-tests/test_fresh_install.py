@@ -53,6 +53,17 @@ ALONE_CHECKS = {
         "from twinkle.server.apis import load_apis\nnames = [api.name for api in load_apis(None)]\n"
         "assert names == ['openai'], names\n"
     ),
+    # Without triton and torch-npu (CPU users) every kernel says why it falls back, and still computes.
+    "twinkle-kernels": (
+        "import torch\nfrom twinkle.registry import build, get_registry\n"
+        "assert importlib.util.find_spec('triton') is None and importlib.util.find_spec('torch_npu') is None\n"
+        "names = get_registry('kernel').names()\nassert len(names) >= 9, names\n"
+        "for name in names:\n"
+        "    reason = build('kernel', name).unavailable_reason(torch.device('cpu'))\n"
+        "    assert reason and ('not installed' in reason), (name, reason)\n"
+        "norm = build('kernel', 'TritonRMSNorm')(torch.ones(2, 4), torch.ones(4), 1e-6)\n"
+        "assert torch.allclose(norm, torch.ones(2, 4), atol=1e-5)\n"
+    ),
 }
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -8,6 +8,7 @@ mapping (per model family by default) and :func:`unkernelize` takes them out;
 """
 
 from twinkle.kernel.families import DEFAULT_MAPPINGS, OUTPUT_LOGPS, default_mapping
+from twinkle.kernel.grouped_matmul import NpuGroupedMatmul, grouped_matmul_reference
 from twinkle.kernel.kernelize import (
     KernelReport,
     ReportEntry,
@@ -28,6 +29,7 @@ __all__ = [
     "OUTPUT_LOGPS",
     "KernelReport",
     "LinearLogps",
+    "NpuGroupedMatmul",
     "NpuRMSNorm",
     "NpuRotary",
     "NpuSwiGLU",
@@ -39,6 +41,7 @@ __all__ = [
     "TritonSwiGLU",
     "default_mapping",
     "get_kernel_report",
+    "grouped_matmul_reference",
     "kernelize",
     "linear_logps_reference",
     "multi_lora_delta_reference",
