@@ -14,15 +14,9 @@ and the gradients of hidden and weight from ``logps_N.sum()``:
   it trades memory for a backward without recomputation.
 
 Memory is the peak above what was in use just before the call (the inputs),
-over forward and backward, so it counts the gradients of hidden and weight
-on both sides. On CUDA it is ``torch.cuda.max_memory_allocated`` after
-``reset_peak_memory_stats``: what torch's allocator handed out. On CPU torch
-keeps no allocator statistics and tracemalloc does not see its allocations,
-so it is the peak resident set (``VmHWM`` in ``/proc/self/status``, reset by
-writing 5 to ``/proc/self/clear_refs``; Linux only) minus the resident set
-before. Large tensors are mapped and unmapped on their own, so this follows
-the live tensors to within the allocator's slack; a warm-up run first absorbs
-one-off costs (thread pools, kernel compilation). Time is the median of
+over forward and backward (``peak_memory.py``), so it counts the gradients of
+hidden and weight on both sides; a warm-up run first absorbs one-off costs
+(thread pools, kernel compilation). Time is the median of
 ``repeats`` runs after that warm-up.
 """
 
@@ -34,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from peak_memory import peak_memory  # a sibling in tools/bench, not a package
 
 __all__ = ["bench_linear_logps"]
 
@@ -62,35 +57,16 @@ def _twinkle_logps(device: torch.device, chunk_size: int) -> tuple[str, LogpsFn]
     )
 
 
-def _rss_bytes(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024  # reported in kB
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def _run(fn: LogpsFn, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> tuple[float, int, torch.Tensor]:
     """Seconds and peak bytes of one forward + backward, and the log-probs."""
     hidden_NH, weight_VH, _ = inputs
     hidden_NH.grad = weight_VH.grad = None
-    cuda = hidden_NH.device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-    else:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")  # resets VmHWM to the current resident set
-        before = _rss_bytes("VmRSS")
-    start = time.perf_counter()
-    logps_N = fn(*inputs)
-    logps_N.sum().backward()
-    if cuda:
-        torch.cuda.synchronize()
+    with peak_memory(hidden_NH.device) as peak:
+        start = time.perf_counter()
+        logps_N = fn(*inputs)
+        logps_N.sum().backward()
     seconds = time.perf_counter() - start
-    peak = torch.cuda.max_memory_allocated() if cuda else _rss_bytes("VmHWM")
-    return seconds, peak - before, logps_N.detach()
+    return seconds, peak.bytes, logps_N.detach()
 
 
 def _measure(fn: LogpsFn, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], repeats: int) -> dict[str, Any]:

@@ -6,7 +6,8 @@ one-process reference on the whole batch and then, per mesh, a data-parallel
 model on its share (7 samples: shares of 4 and 3, in micro-batches of 2), and
 writes what it saw; the test compares. LoRA and full-parameter training, the
 consolidated checkpoint (loaded back in one process), resuming an FSDP run
-from that checkpoint, and a call that fails on one rank only are covered.
+from that checkpoint, FSDP2 with activation checkpointing, and a call that fails on one rank only are
+covered.
 """
 
 from __future__ import annotations
@@ -67,6 +68,14 @@ def test_data_parallel_steps_equal_one_process_steps(worker_results, mesh, train
 
 
 @pytest.mark.integration
+def test_fsdp_with_activation_checkpointing_trains_like_one_process(worker_results):
+    for rank, results in worker_results.items():
+        reference, ours = results["lora"]["reference"], results["lora"]["fsdp_checkpointed"]
+        for key in ("loss", "grad_norm", "eval_loss"):
+            assert ours[key] == pytest.approx(reference[key], rel=1e-5, abs=1e-5), (rank, key)
+
+
+@pytest.mark.integration
 def test_an_fsdp_run_resumes_from_its_consolidated_checkpoint(worker_results):
     for results in worker_results.values():
         assert results["resume"]["resumed"] == pytest.approx(results["resume"]["continued"], rel=1e-6)
@@ -99,14 +108,14 @@ def _features() -> list[dict[str, Any]]:
     return features
 
 
-def _model(mesh: Any, training: str) -> Any:
+def _model(mesh: Any, training: str, gradient_checkpointing: bool = False) -> Any:
     import torch
     from peft import LoraConfig
 
     from twinkle.model import TransformersModel
 
     torch.manual_seed(0)
-    model = TransformersModel(device="cpu", device_mesh=mesh)
+    model = TransformersModel(device="cpu", device_mesh=mesh, gradient_checkpointing=gradient_checkpointing)
     if training == "lora":
         model.add_adapter_to_model("default", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
         with torch.no_grad():  # B != 0, so A trains too
@@ -127,10 +136,10 @@ def _train(model: Any, features: list, steps: int = STEPS) -> dict[str, list[flo
     return seen
 
 
-def _run(mesh: Any, training: str, features: list, share: list, out: Path) -> dict[str, Any]:
+def _run(mesh: Any, training: str, features: list, share: list, out: Path, checkpointing: bool = False) -> dict:
     from twinkle.model import TransformersModel
 
-    model = _model(mesh, training)
+    model = _model(mesh, training, checkpointing)
     seen = _train(model, share)
     metric = model.calculate_metric()
     seen["metric"] = [metric[key] for key in ("loss", "num_supervised_tokens", "num_tokens", "accuracy", "grad_norm")]
@@ -205,6 +214,8 @@ def _worker(out: Path) -> None:
             share = features[mesh.get_slice(len(features), runtime.rank)]
             results[training][name] = _run(mesh, training, features, share, out)
     fsdp = DeviceMesh.from_sizes(**MESHES["fsdp"])
+    fsdp_share = features[fsdp.get_slice(len(features), runtime.rank)]
+    results["lora"]["fsdp_checkpointed"] = _run(fsdp, "lora", features, fsdp_share, out, checkpointing=True)
     results["resume"] = _resume(fsdp, features[fsdp.get_slice(len(features), runtime.rank)], out)
     ddp = DeviceMesh.from_sizes(**MESHES["ddp"])
     results["one_rank_fails"] = _one_rank_fails(ddp, features[ddp.get_slice(len(features), runtime.rank)], runtime.rank)

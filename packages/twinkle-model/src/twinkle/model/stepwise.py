@@ -90,7 +90,9 @@ def backward(host: StepHost, state: TrainState) -> None:
         raise InvalidInputError("backward needs forward(...) and calculate_loss(...) first")
     state.pending = None
     start = time.perf_counter()
-    host.parallel.gradient_share(pending.loss_output.loss, state.gradient_accumulation_steps).backward()
+    rows = [state.name if state.is_adapter else None] * int(pending.batch["input_ids"].shape[0])
+    with host.route(rows):  # checkpointed layers recompute their forward with the adapter it used
+        host.parallel.gradient_share(pending.loss_output.loss, state.gradient_accumulation_steps).backward()
     state.accumulated += 1
     seconds = pending.seconds + time.perf_counter() - start
     loss = float(pending.loss_output.loss.detach())

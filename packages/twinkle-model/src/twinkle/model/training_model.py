@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 import torch
 from peft import PeftConfig
-from transformers import AutoModelForCausalLM
 
 from twinkle.data_format import LossOutput, ModelOutput
 from twinkle.errors import ConfigurationError, InvalidInputError
@@ -36,6 +35,7 @@ from twinkle.kernel import rekernelize
 from twinkle.model import peft_adapters, stepwise
 from twinkle.model.checkpoints import save_load
 from twinkle.model.features import BatchPreparer
+from twinkle.model.loading import CheckpointingPolicy, load_causal_lm
 from twinkle.model.parallel import full_tensors, local_device, parallelism_for
 from twinkle.model.passes.engine import PassEngine
 from twinkle.model.passes.logps import inner_model
@@ -45,7 +45,7 @@ from twinkle.model.precision import MixedPrecision, check_mixed_precision
 from twinkle.model.seeding import seeded
 from twinkle.model.train_state import FULL_MODEL, TrainState, check_new_adapter, find_state, new_state
 from twinkle.module import build_optimizer
-from twinkle.patch import KernelsSpec, PatchSpec, accelerate
+from twinkle.patch import KernelsSpec, PatchSpec
 from twinkle.registry import build
 from twinkle.utils import get_logger
 
@@ -61,7 +61,9 @@ class TrainingModel(ABC):
     default); ``mixed_precision`` runs the forward under autocast. ``device``
     defaults to CUDA (``cuda:LOCAL_RANK`` under torchrun) when there is one.
     ``kernels`` (``True``: the family's defaults, or a mapping) and ``patches``
-    go into the model through :func:`twinkle.patch.accelerate`.
+    go into the model through :func:`twinkle.patch.accelerate`;
+    ``gradient_checkpointing`` (``True`` or every n-th layer) recomputes the
+    decoder layers' activations in backward instead of keeping them.
     """
 
     trains_full_model = True  # without adapters, every weight trains
@@ -78,6 +80,7 @@ class TrainingModel(ABC):
         logps_chunk_size: int = 4096,
         kernels: KernelsSpec = False,
         patches: Sequence[PatchSpec] = (),
+        gradient_checkpointing: CheckpointingPolicy = False,
         **from_pretrained_kwargs: Any,
     ) -> None:
         check_mixed_precision(mixed_precision)
@@ -87,13 +90,9 @@ class TrainingModel(ABC):
         self.parallel = parallelism_for(self.device_mesh, self.device, type(self))
         self.mixed_precision = mixed_precision
         self.logps_chunk_size = logps_chunk_size
-        # A transformers PreTrainedModel (a PeftModel around it once adapters are added); typed Any
-        # because nn.Module's typing knows neither's methods (generate, save_pretrained, get_base_model...).
-        self.model: Any = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=dtype, attn_implementation=attn_implementation, **from_pretrained_kwargs
-        ).to(self.device)  # type: ignore[arg-type]  # transformers wraps .to; mypy does not bind self to it
-        self.model.train()
-        accelerate(self.model, kernels, patches)
+        # A transformers PreTrainedModel, typed Any (a PeftModel around it once adapters are added).
+        options = {"dtype": dtype, "attn_implementation": attn_implementation, **from_pretrained_kwargs}
+        self.model = load_causal_lm(self.model_path, self.device, gradient_checkpointing, kernels, patches, **options)
         config = self.model.config
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0

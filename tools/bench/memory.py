@@ -1,0 +1,102 @@
+"""Peak memory and time of a LoRA step with and without activation checkpointing, side by side in one run.
+
+A random-weight model of Qwen3-0.6B's shape (28 layers, hidden 1,024, vocabulary 151,936, tied embeddings),
+one sequence of ``--length`` (2,048) tokens, LoRA r=16 on every linear layer, AdamW. Each side is a
+``TransformersModel`` doing ``forward_backward`` + ``clip_grad_and_step``; the only difference is
+``gradient_checkpointing=True``. Activation memory is the step's peak above what was resident before it
+(weights, adapter and optimizer state are already there after a warm-up step: ``peak_memory.py``); time is
+the median step. Target: at least 2x less activation memory for at most 1.4x the step time.
+
+```bash
+python tools/bench/memory.py           # about 5 minutes and 12 GB on 2 CPU cores
+python tools/bench/memory.py --quick   # 8 layers, 512 tokens: a smoke run
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+sys.path.insert(0, str(Path(__file__).parent))
+from peak_memory import peak_memory  # a sibling in tools/bench, not a package
+
+from twinkle.model import TransformersModel
+
+QWEN3_06B = {
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151_936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 40_960,
+}
+
+
+def _random_model(folder: Path, layers: int) -> str:
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=layers, **QWEN3_06B)).save_pretrained(folder)
+    return str(folder)
+
+
+def _side(path: str, checkpointing: bool, batch: list[dict[str, Any]], steps: int) -> dict[str, float]:
+    model = TransformersModel(path, gradient_checkpointing=checkpointing)
+    model.add_adapter_to_model("default", LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"), seed=0)
+    model.set_optimizer("AdamW", lr=1e-4)
+    model.forward_backward(batch)  # warm-up: optimizer state, thread pools
+    model.clip_grad_and_step()
+    seconds, peaks, losses = [], [], []
+    for _ in range(steps):
+        with peak_memory(model.device) as peak:
+            start = time.perf_counter()
+            losses.append(model.forward_backward(batch).loss)
+            model.clip_grad_and_step()
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - start)
+        peaks.append(peak.bytes)
+    del model
+    gc.collect()
+    return {"seconds": statistics.median(seconds), "peak_bytes": max(peaks), "loss": losses[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="8 layers and 512 tokens")
+    parser.add_argument("--length", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=2)
+    args = parser.parse_args()
+    layers, length = (8, 512) if args.quick else (28, args.length)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, QWEN3_06B["vocab_size"], (length,), generator=generator).tolist()
+    batch = [{"input_ids": ids, "labels": ids}]
+    with tempfile.TemporaryDirectory() as folder:
+        path = _random_model(Path(folder), layers)
+        plain = _side(path, False, batch, args.steps)
+        checkpointed = _side(path, True, batch, args.steps)
+    print(f"LoRA step, Qwen3-0.6B shape ({layers} layers), 1 × {length} tokens:")
+    for name, side in (("plain", plain), ("checkpointed", checkpointed)):
+        print(f"  {name:12} activation peak {side['peak_bytes'] / 2**20:9.1f} MiB  step {side['seconds']:7.2f} s")
+    memory_ratio = plain["peak_bytes"] / max(checkpointed["peak_bytes"], 1)
+    time_ratio = checkpointed["seconds"] / plain["seconds"]
+    print(
+        f"  activation memory plain/checkpointed: {memory_ratio:.2f}x (target ≥ 2); "
+        f"step time checkpointed/plain: {time_ratio:.2f}x (target ≤ 1.4); "
+        f"first losses {plain['loss']:.6f} vs {checkpointed['loss']:.6f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
