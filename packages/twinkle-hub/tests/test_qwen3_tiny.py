@@ -7,7 +7,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from twinkle.hub import resolve_model
-from twinkle.hub.models.qwen3_tiny import EMBED_STD, INIT_STD
+from twinkle.hub.models.decoder_weights import EMBED_STD, INIT_STD
 
 
 def sha256(path: Path) -> str:

@@ -52,6 +52,29 @@ _SPECS = (
         builder="twinkle.hub.models.qwen3_tiny:build",
     ),
     BuiltinSpec(
+        id="builtin://llama-tiny",
+        kind="model",
+        description="Llama-architecture causal LM (4 layers, hidden 64) with the Qwen3 tokenizer; random weights",
+        version=1,
+        builder="twinkle.hub.models.families:build_llama_tiny",
+    ),
+    BuiltinSpec(
+        id="builtin://qwen2-tiny",
+        kind="model",
+        description="Qwen2-architecture causal LM (q/k/v biases; 4 layers, hidden 64) with the Qwen3 tokenizer; "
+        "random weights",
+        version=1,
+        builder="twinkle.hub.models.families:build_qwen2_tiny",
+    ),
+    BuiltinSpec(
+        id="builtin://qwen3-moe-tiny",
+        kind="model",
+        description="Qwen3-MoE causal LM (8 experts, top-2, in every one of 4 layers; hidden 64) with the Qwen3 "
+        "tokenizer; random weights",
+        version=1,
+        builder="twinkle.hub.models.families:build_qwen3_moe_tiny",
+    ),
+    BuiltinSpec(
         id="builtin://self-cognition",
         kind="dataset",
         description="English and Chinese self-introduction Q&A with {{NAME}}/{{AUTHOR}} placeholders (train)",
