@@ -3,9 +3,12 @@
 A random-weight model of Qwen3-0.6B's shape (28 layers, hidden 1,024, vocabulary 151,936, tied embeddings),
 one sequence of ``--length`` (2,048) tokens, LoRA r=16 on every linear layer, AdamW. Each side is a
 ``TransformersModel`` doing ``forward_backward`` + ``clip_grad_and_step``; the only difference is
-``gradient_checkpointing=True``. Activation memory is the step's peak above what was resident before it
-(weights, adapter and optimizer state are already there after a warm-up step: ``peak_memory.py``); time is
-the median step. Target: at least 2x less activation memory for at most 1.4x the step time.
+``gradient_checkpointing=True``. Each side runs in a process of its own, with glibc told to map every
+allocation of 128 KiB or more on its own (``MALLOC_MMAP_THRESHOLD_``), so freed activations leave the
+resident set instead of staying in malloc's heap for the next step to reuse unseen. Activation memory is
+the first step's peak above what was resident before it (weights and adapter: ``peak_memory.py``; the
+LoRA optimizer state it adds is a few MB); time is the median of the ``--steps`` steps after it. Target: at
+least 2x less activation memory for at most 1.4x the step time.
 
 ```bash
 python tools/bench/memory.py           # about 5 minutes and 12 GB on 2 CPU cores
@@ -16,13 +19,14 @@ python tools/bench/memory.py --quick   # 8 layers, 512 tokens: a smoke run
 from __future__ import annotations
 
 import argparse
-import gc
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 from peft import LoraConfig
@@ -51,41 +55,55 @@ def _random_model(folder: Path, layers: int) -> str:
     return str(folder)
 
 
-def _side(path: str, checkpointing: bool, batch: list[dict[str, Any]], steps: int) -> dict[str, float]:
+def _side(path: str, checkpointing: bool, length: int, steps: int) -> dict[str, float]:
     model = TransformersModel(path, gradient_checkpointing=checkpointing)
     model.add_adapter_to_model("default", LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"), seed=0)
     model.set_optimizer("AdamW", lr=1e-4)
-    model.forward_backward(batch)  # warm-up: optimizer state, thread pools
-    model.clip_grad_and_step()
-    seconds, peaks, losses = [], [], []
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, QWEN3_06B["vocab_size"], (length,), generator=generator).tolist()
+    batch = [{"input_ids": ids, "labels": ids}]
+    seconds, losses = [], []
+    with peak_memory(model.device) as peak:
+        losses.append(model.forward_backward(batch).loss)
+        model.clip_grad_and_step()
     for _ in range(steps):
-        with peak_memory(model.device) as peak:
-            start = time.perf_counter()
-            losses.append(model.forward_backward(batch).loss)
-            model.clip_grad_and_step()
-            if model.device.type == "cuda":
-                torch.cuda.synchronize()
-            seconds.append(time.perf_counter() - start)
-        peaks.append(peak.bytes)
-    del model
-    gc.collect()
-    return {"seconds": statistics.median(seconds), "peak_bytes": max(peaks), "loss": losses[0]}
+        start = time.perf_counter()
+        losses.append(model.forward_backward(batch).loss)
+        model.clip_grad_and_step()
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+    return {"seconds": statistics.median(seconds), "peak_bytes": peak.bytes, "loss": losses[0]}
+
+
+def _run_side(path: str, checkpointing: bool, length: int, steps: int) -> dict[str, float]:
+    """One side in a fresh process (see the module docstring)."""
+    command = [sys.executable, __file__, "--side", path, "--length", str(length), "--steps", str(steps)]
+    command += ["--checkpointing"] if checkpointing else []
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {'checkpointed' if checkpointing else 'plain'} side failed:\n{done.stderr[-3000:]}")
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="8 layers and 512 tokens")
     parser.add_argument("--length", type=int, default=2048)
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2, help="timed steps after the measured first one")
+    parser.add_argument("--side", help=argparse.SUPPRESS)  # internal: run one side on this model folder
+    parser.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.side:
+        print(json.dumps(_side(args.side, args.checkpointing, args.length, args.steps)))
+        return
     layers, length = (8, 512) if args.quick else (28, args.length)
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, QWEN3_06B["vocab_size"], (length,), generator=generator).tolist()
-    batch = [{"input_ids": ids, "labels": ids}]
     with tempfile.TemporaryDirectory() as folder:
         path = _random_model(Path(folder), layers)
-        plain = _side(path, False, batch, args.steps)
-        checkpointed = _side(path, True, batch, args.steps)
+        plain = _run_side(path, False, length, args.steps)
+        checkpointed = _run_side(path, True, length, args.steps)
     print(f"LoRA step, Qwen3-0.6B shape ({layers} layers), 1 × {length} tokens:")
     for name, side in (("plain", plain), ("checkpointed", checkpointed)):
         print(f"  {name:12} activation peak {side['peak_bytes'] / 2**20:9.1f} MiB  step {side['seconds']:7.2f} s")

@@ -175,3 +175,17 @@ def test_good_config_and_missing_file(tmp_path):
 def test_unknown_override_is_refused():
     with pytest.raises(ConfigurationError, match=r"unknown server option\(s\) \['prot'\]"):
         load_config(prot=1)
+
+
+def test_model_options_reach_the_models_the_server_builds(tmp_path):
+    from twinkle.kernel import get_kernel_report
+    from twinkle.server.services.pool import ModelPool
+
+    config = load_config(_write(tmp_path, "gradient_checkpointing: true\nkernels: true\n"))
+    assert config.model_options == {"gradient_checkpointing": True, "kernels": True}
+    pool = ModelPool(config.model_id, 2, 8, "cpu", config.model_options)
+    assert pool.model.model.is_activation_checkpointing
+    report = get_kernel_report(pool.model.model)
+    assert report is not None and {entry.target for entry in report.entries} >= {"Qwen3RMSNorm", "output_logps"}
+    with pytest.raises(ConfigurationError, match="kernels"):
+        load_config(_write(tmp_path, "kernels: triton\n", "bad.yaml"))

@@ -62,6 +62,10 @@ class ServerConfig:
     checkpoint_dir: Path = None  # type: ignore[assignment]
     max_loras: int = 8
     max_rank: int = 64
+    # The base model's activation checkpointing (decoder layers recomputed in backward) and kernels (the model
+    # family's Triton / NPU kernels, where the device runs them): TrainingModel's arguments of the same names.
+    gradient_checkpointing: bool = False
+    kernels: bool = False
     # Token budget of one shared training pass: the scheduler batches tenants' forward_backward calls
     # together up to this many input tokens (a single call bigger than it still runs, alone). 0 never
     # batches tenants together: every pass trains one request (for comparison, or strict isolation).
@@ -92,6 +96,11 @@ class ServerConfig:
         self.checkpoint_dir = (
             Path(self.checkpoint_dir).expanduser() if self.checkpoint_dir else self.state_dir / "checkpoints"
         )
+
+    @property
+    def model_options(self) -> dict[str, bool]:
+        """What every model (and, for kernels, every sampler) the server builds is built with."""
+        return {"gradient_checkpointing": self.gradient_checkpointing, "kernels": self.kernels}
 
     def quotas_for(self, user: str) -> Quotas:
         """The server-wide defaults with ``user``'s overrides applied; a rank quota never exceeds ``max_rank``."""
@@ -126,6 +135,8 @@ _TOP: dict[str, type] = {
     "checkpoint_dir": str,
     "max_loras": int,
     "max_rank": int,
+    "gradient_checkpointing": bool,
+    "kernels": bool,
     "max_tokens_per_pass": int,
     "cycle_wait_s": float,
     "session_timeout_s": float,

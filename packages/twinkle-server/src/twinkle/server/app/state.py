@@ -58,7 +58,7 @@ class ServerState:
 
             engine = ServeEngine(config, telemetry.observe_job, telemetry.observe_pass, on_lost)
         else:
-            pool = ModelPool(config.model_id, config.max_loras, config.max_rank, config.device)
+            pool = ModelPool(config.model_id, config.max_loras, config.max_rank, config.device, config.model_options)
             scheduler = Scheduler(
                 pool.forward_backward_many,
                 max_tokens_per_pass=config.max_tokens_per_pass,

@@ -45,9 +45,18 @@ SHORT_METHODS = frozenset(
 class ModelPool:
     """Every loaded run's weights, and sampling with any of them."""
 
-    def __init__(self, model_id: str | None, max_loras: int, max_rank: int, device: str | None = None) -> None:
+    def __init__(
+        self,
+        model_id: str | None,
+        max_loras: int,
+        max_rank: int,
+        device: str | None = None,
+        model_options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.device = device
-        self.model = MultiLoraModel(model_id, max_loras=max_loras, max_rank=max_rank, device=device)
+        # gradient_checkpointing and kernels (ServerConfig.model_options), for every model built here
+        self.options = dict(model_options or {})
+        self.model = MultiLoraModel(model_id, max_loras=max_loras, max_rank=max_rank, device=device, **self.options)
         self.model_path = self.model.model_path
         self._private: dict[str, TransformersModel] = {}
         self._samplers: dict[str, TorchSampler] = {}  # by base model path; full-parameter runs by run id
@@ -86,7 +95,7 @@ class ModelPool:
         if config is not None and base_path is None:
             self.model.add_adapter_to_model(run_id, config, gradient_accumulation_steps, seed=seed)
             return
-        model = TransformersModel(base_path or self.model_path, device=self.device)
+        model = TransformersModel(base_path or self.model_path, device=self.device, **self.options)
         if config is not None:
             model.add_adapter_to_model(run_id, config, gradient_accumulation_steps, seed=seed)
         elif gradient_accumulation_steps != 1:
@@ -181,7 +190,8 @@ class ModelPool:
 
     def _sampler(self, key: str, model_path: str | None = None) -> TorchSampler:
         if key not in self._samplers:
-            self._samplers[key] = TorchSampler(model_id=model_path or key, device=self.device)
+            kernels = self.options.get("kernels", False)
+            self._samplers[key] = TorchSampler(model_id=model_path or key, device=self.device, kernels=kernels)
         return self._samplers[key]
 
 

@@ -118,7 +118,7 @@ class ServeEngine:
             logging_config=quiet,
         )
         self._handle = serve.run(
-            deployment.bind(config.model_id, config.max_loras, config.max_rank, config.device),
+            deployment.bind(config.model_id, config.max_loras, config.max_rank, config.device, config.model_options),
             name=APP,
             route_prefix=None,
         )

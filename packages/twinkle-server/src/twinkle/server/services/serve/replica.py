@@ -22,10 +22,17 @@ from twinkle.server.services.pool import ModelPool
 
 
 class ModelReplica:
-    def __init__(self, model_id: str, max_loras: int, max_rank: int, device: str | None = None) -> None:
+    def __init__(
+        self,
+        model_id: str,
+        max_loras: int,
+        max_rank: int,
+        device: str | None = None,
+        model_options: dict[str, Any] | None = None,
+    ) -> None:
         _serve_internal_grpc_on_loopback()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
-        self.pool = ModelPool(model_id, max_loras, max_rank, device)
+        self.pool = ModelPool(model_id, max_loras, max_rank, device, model_options)
         self._lock = threading.Lock()
 
     async def info(self, replica_id: str | None) -> dict[str, Any]:
