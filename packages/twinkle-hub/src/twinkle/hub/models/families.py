@@ -20,7 +20,7 @@ from twinkle.hub.models.tokenizer import MODEL_MAX_LENGTH
 __all__ = ["build_llama_tiny", "build_qwen2_tiny", "build_qwen3_moe_tiny", "tiny_family_config"]
 
 EXPERTS = 8
-TINY_SHAPE = {
+TINY_SHAPE: dict[str, Any] = {
     "vocab_size": PADDED_VOCAB_SIZE,
     "hidden_size": 64,
     "intermediate_size": 256,
@@ -49,8 +49,7 @@ def tiny_family_config(family: str) -> Any:
         return Qwen2Config(architectures=["Qwen2ForCausalLM"], rope_parameters=rope, **TINY_SHAPE)
     if family == "qwen3-moe":
         return Qwen3MoeConfig(
-            architectures=["Qwen3MoeForCausalLM"],
-            head_dim=16,
+            architectures=["Qwen3MoeForCausalLM"],  # head_dim: hidden / heads = 16
             moe_intermediate_size=64,
             num_experts=EXPERTS,
             num_experts_per_tok=2,
