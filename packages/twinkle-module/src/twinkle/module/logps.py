@@ -43,14 +43,17 @@ class TokenLogps(NamedTuple):
 def token_logps_from_logits(logits_NV: torch.Tensor, labels_N: torch.Tensor) -> torch.Tensor:
     """``log softmax(logits)[label]`` per row, in :func:`logps_dtype`; 0 where the label is ignored."""
     logits_NV = logits_NV.to(logps_dtype(logits_NV.dtype))
-    return _picked_logps(logits_NV, labels_N, torch.logsumexp(logits_NV, dim=-1))
+    return _picked_logps(_label_logits(logits_NV, labels_N), labels_N, torch.logsumexp(logits_NV, dim=-1))
 
 
-def _picked_logps(logits_NV: torch.Tensor, labels_N: torch.Tensor, logsumexp_N: torch.Tensor) -> torch.Tensor:
-    valid_N = labels_N != IGNORE_INDEX
-    safe_N = torch.where(valid_N, labels_N, 0)
-    picked_N = logits_NV.gather(-1, safe_N.unsqueeze(-1)).squeeze(-1)
-    return torch.where(valid_N, picked_N - logsumexp_N, 0.0)
+def _label_logits(logits_NV: torch.Tensor, labels_N: torch.Tensor) -> torch.Tensor:
+    """Each row's logit of its label (of token 0 where the label is ignored: :func:`_picked_logps` zeroes it)."""
+    safe_N = torch.where(labels_N != IGNORE_INDEX, labels_N, 0)
+    return logits_NV.gather(-1, safe_N.unsqueeze(-1)).squeeze(-1)
+
+
+def _picked_logps(label_logits_N: torch.Tensor, labels_N: torch.Tensor, logsumexp_N: torch.Tensor) -> torch.Tensor:
+    return torch.where(labels_N != IGNORE_INDEX, label_logits_N - logsumexp_N, 0.0)
 
 
 class LowRankTerm(NamedTuple):
@@ -92,10 +95,8 @@ class _ChunkedTokenLogps(torch.autograd.Function):
             logits_CV = _chunk_logits(hidden_NH, weight_VH, terms, start, end).to(dtype)
             labels_C = labels_N[start:end]
             correct_N[start:end] = logits_CV.argmax(-1) == labels_C
-            valid_C = labels_C != IGNORE_INDEX
-            picked_C = logits_CV.gather(-1, torch.where(valid_C, labels_C, 0).unsqueeze(-1)).squeeze(-1)
-            logsumexp_C = _softmax_(logits_CV)
-            logps_N[start:end] = torch.where(valid_C, picked_C - logsumexp_C, 0.0)
+            label_logits_C = _label_logits(logits_CV, labels_C)  # before the logits become probabilities
+            logps_N[start:end] = _picked_logps(label_logits_C, labels_C, _softmax_(logits_CV))
             if save_probs:
                 saved_probs.append(logits_CV)
         ctx.save_for_backward(hidden_NH, weight_VH, labels_N, *factors)
