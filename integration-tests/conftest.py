@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -10,6 +11,9 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Triton kernels (test_model_kernels.py) run in Triton's CPU interpreter, which must be on before any kernel is
+# decorated, whichever test file a session collects first (kernels/tests/conftest.py does the same).
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def normalize(name: str) -> str:

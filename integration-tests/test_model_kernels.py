@@ -8,10 +8,6 @@ wrong kernel, mask or adapter routing changes.
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel is decorated: Triton runs on the CPU
-
 from typing import Any
 
 import pytest
