@@ -85,8 +85,8 @@ def create_dataloader(components: Components) -> DataLoader:
     return components.DataLoader(dataset=dataset, batch_size=BATCH_SIZE, shuffle=True)
 
 
-def create_model(components: Components, num_training_steps: int) -> TransformersModel:
-    model = components.TransformersModel(model_id=MODEL_ID)
+def create_model(components: Components, num_training_steps: int, **model_options: Any) -> TransformersModel:
+    model = components.TransformersModel(model_id=MODEL_ID, **model_options)
     model.add_adapter_to_model("default", components.LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
     model.set_optimizer("AdamW", lr=LEARNING_RATE)
     model.set_lr_scheduler("CosineWarmupScheduler", num_warmup_steps=5, num_training_steps=num_training_steps)

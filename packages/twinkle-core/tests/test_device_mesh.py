@@ -39,6 +39,8 @@ def test_slices_cover_uneven_totals_and_tp_peers_share_data():
         ({"world_size": 4, "dp_size": 2, "tp_size": 1}, "does not equal the product"),
         ({"dp_size": 0}, "dp_size must be >= 1"),
         ({"dp_size": 4, "ep_size": 3}, "ep_size=3 must divide"),
+        ({"fsdp_size": 4, "ulysses_size": 3}, r"ulysses_size=3 must divide the data-parallel size dp\*fsdp=4"),
+        ({"tp_size": 2, "ulysses_size": 2}, r"ulysses_size=2 must divide the data-parallel size dp\*fsdp=1"),
         ({"device_type": "tpu"}, "unknown device_type"),
     ],
 )
@@ -47,13 +49,29 @@ def test_bad_mesh_sizes(kwargs, message):
         DeviceMesh.from_sizes(**kwargs)
 
 
+def test_ulysses_groups_share_samples_and_split_their_tokens():
+    mesh = DeviceMesh.from_sizes(dp_size=2, fsdp_size=2, ulysses_size=2)
+    assert mesh.world_size == 4 and mesh.dp_fsdp_size == 4 and mesh.data_world_size == 2
+    assert mesh.ulysses_groups() == [[0, 1], [2, 3]]
+    assert [mesh.data_rank(r) for r in range(4)] == [0, 0, 1, 1]
+    assert [mesh.ulysses_rank(r) for r in range(4)] == [0, 1, 0, 1]
+    assert [mesh.get_slice(6, r) for r in range(4)] == [slice(0, 3), slice(0, 3), slice(3, 6), slice(3, 6)]
+    assert mesh.size("ulysses") == 2
+
+
+def test_ulysses_groups_stay_within_tensor_parallel_coordinates():
+    mesh = DeviceMesh.from_sizes(fsdp_size=2, tp_size=2, ulysses_size=2)
+    assert mesh.ulysses_groups() == [[0, 2], [1, 3]]  # tp varies fastest: ranks 0, 2 hold the same tp shard
+    assert mesh.data_world_size == 1
+
+
 def test_rank_out_of_range():
     with pytest.raises(InvalidInputError, match="outside this mesh"):
         DeviceMesh.from_sizes(dp_size=2).coords(2)
 
 
 def test_mesh_dict_round_trip():
-    mesh = DeviceMesh.from_sizes(dp_size=2, tp_size=2, ep_size=2, device_type="GPU")
+    mesh = DeviceMesh.from_sizes(dp_size=2, tp_size=2, ep_size=2, ulysses_size=2, device_type="GPU")
     assert DeviceMesh.from_dict(mesh.to_dict()) == mesh
     assert mesh.device_type == "cuda"
 

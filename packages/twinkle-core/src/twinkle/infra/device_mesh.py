@@ -70,6 +70,7 @@ class DeviceMesh:
 
     sizes: dict[str, int]
     ep_size: int = 1
+    ulysses_size: int = 1
     device_type: str = "cpu"
     _strides: dict[str, int] = field(init=False, repr=False, compare=False)
 
@@ -81,10 +82,11 @@ class DeviceMesh:
         for dim, size in self.sizes.items():
             if size < 1:
                 raise ConfigurationError(f"{dim}_size must be >= 1, got {size}")
-        if self.ep_size < 1 or self.data_world_size % self.ep_size:
-            raise ConfigurationError(
-                f"ep_size={self.ep_size} must divide the data-parallel size dp*fsdp={self.data_world_size}"
-            )
+        for name, size in (("ep_size", self.ep_size), ("ulysses_size", self.ulysses_size)):
+            if size < 1 or self.dp_fsdp_size % size:
+                raise ConfigurationError(
+                    f"{name}={size} must divide the data-parallel size dp*fsdp={self.dp_fsdp_size}"
+                )
         self.device_type = normalize_device_type(self.device_type)
         stride, self._strides = 1, {}
         for dim in reversed(MESH_DIMS):
@@ -102,12 +104,14 @@ class DeviceMesh:
         pp_size: int = 1,
         cp_size: int = 1,
         ep_size: int = 1,
+        ulysses_size: int = 1,
         device_type: str = "cpu",
     ) -> DeviceMesh:
         """Build a mesh; ``dp_size`` is inferred from ``world_size`` when omitted.
 
         ``from_sizes(fsdp_size=4, dp_size=2)`` is an 8-rank mesh;
-        ``from_sizes(world_size=8, fsdp_size=4)`` infers ``dp_size=2``.
+        ``from_sizes(world_size=8, fsdp_size=4)`` infers ``dp_size=2``;
+        ``from_sizes(fsdp_size=2, ulysses_size=2)`` is two ranks that shard the model and split each sequence.
         """
         others = fsdp_size * tp_size * pp_size * cp_size
         if dp_size is None:
@@ -122,6 +126,7 @@ class DeviceMesh:
         mesh = cls(
             sizes={"pp": pp_size, "dp": dp_size, "fsdp": fsdp_size, "cp": cp_size, "tp": tp_size},
             ep_size=ep_size,
+            ulysses_size=ulysses_size,
             device_type=device_type,
         )
         if world_size is not None and world_size != mesh.world_size:
@@ -136,15 +141,22 @@ class DeviceMesh:
         return math.prod(self.sizes.values())
 
     @property
-    def data_world_size(self) -> int:
-        """Number of ranks that receive different data (``dp × fsdp``)."""
+    def dp_fsdp_size(self) -> int:
+        """Number of data-parallel ranks (``dp × fsdp``): the DDP/FSDP group, over which gradients are averaged."""
         return self.sizes["dp"] * self.sizes["fsdp"]
+
+    @property
+    def data_world_size(self) -> int:
+        """Number of ranks that receive different data (``dp × fsdp / ulysses``)."""
+        return self.dp_fsdp_size // self.ulysses_size
 
     def size(self, dim: str) -> int:
         if dim == "ep":
             return self.ep_size
+        if dim == "ulysses":
+            return self.ulysses_size
         if dim not in self.sizes:
-            raise InvalidInputError(f"unknown mesh dimension {dim!r}; known: {(*MESH_DIMS, 'ep')}")
+            raise InvalidInputError(f"unknown mesh dimension {dim!r}; known: {(*MESH_DIMS, 'ep', 'ulysses')}")
         return self.sizes[dim]
 
     def _check_rank(self, rank: int) -> None:
@@ -173,16 +185,31 @@ class DeviceMesh:
         base = self.coords(rank)
         return [self.rank_of(**{**base, dim: i}) for i in range(self.size(dim))]
 
-    def data_rank(self, rank: int) -> int:
-        """Index of ``rank`` among the data-parallel ranks (``0..data_world_size-1``)."""
+    def _dp_fsdp_rank(self, rank: int) -> int:
         c = self.coords(rank)
         return c["dp"] * self.sizes["fsdp"] + c["fsdp"]
+
+    def data_rank(self, rank: int) -> int:
+        """Which of the ``data_world_size`` different shares of samples ``rank`` sees (``0..data_world_size-1``)."""
+        return self._dp_fsdp_rank(rank) // self.ulysses_size
+
+    def ulysses_rank(self, rank: int) -> int:
+        """Which part of its samples' tokens ``rank`` computes in its Ulysses group (``0..ulysses_size-1``)."""
+        return self._dp_fsdp_rank(rank) % self.ulysses_size
+
+    def ulysses_groups(self) -> list[list[int]]:
+        """Every Ulysses group's ranks, each in ``ulysses_rank`` order: the ranks that share samples."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for rank in range(self.world_size):
+            c = self.coords(rank)
+            groups.setdefault((c["pp"], c["cp"], c["tp"], self.data_rank(rank)), []).append(rank)
+        return list(groups.values())
 
     def get_slice(self, total: int, rank: int) -> slice:
         """The contiguous share of ``total`` samples that ``rank`` processes.
 
         Shares differ by at most one sample; earlier data ranks take the remainder.
-        Ranks in the same tp/cp/pp group get the same slice.
+        Ranks in the same tp/cp/pp or Ulysses group get the same slice.
         """
         if total < 0:
             raise InvalidInputError(f"total must be >= 0, got {total}")
@@ -195,6 +222,7 @@ class DeviceMesh:
         return {
             **{f"{d}_size": s for d, s in self.sizes.items()},
             "ep_size": self.ep_size,
+            "ulysses_size": self.ulysses_size,
             "device_type": self.device_type,
         }
 

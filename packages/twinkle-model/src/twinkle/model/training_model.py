@@ -93,6 +93,7 @@ class TrainingModel(ABC):
         # A transformers PreTrainedModel, typed Any (a PeftModel around it once adapters are added).
         options = {"dtype": dtype, "attn_implementation": attn_implementation, **from_pretrained_kwargs}
         self.model = load_causal_lm(self.model_path, self.device, gradient_checkpointing, kernels, patches, **options)
+        self.parallel.prepare(self.model)
         config = self.model.config
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0

@@ -17,7 +17,7 @@ from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
 from twinkle.data_format import SampleResponse
-from twinkle.errors import InvalidInputError
+from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.infra.device_mesh import DeviceMesh
 
 # Twinkle's semantic API methods whose first argument is a batch (models' forward passes, samplers' sample).
@@ -30,6 +30,10 @@ def worker_ranks(device_mesh: DeviceMesh | None) -> list[int]:
     """One mesh rank per data-parallel worker (its tp/cp/pp coordinates 0): the ranks that get actors."""
     if device_mesh is None:
         return [0]
+    if device_mesh.ulysses_size > 1:
+        raise ConfigurationError(
+            f"ulysses_size={device_mesh.ulysses_size}: sequence parallelism runs under torchrun, not on Ray workers"
+        )
     fsdp = device_mesh.size("fsdp")
     return [device_mesh.rank_of(dp=d // fsdp, fsdp=d % fsdp) for d in range(device_mesh.data_world_size)]
 

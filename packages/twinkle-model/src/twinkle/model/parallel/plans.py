@@ -15,7 +15,10 @@ DDP sync gradients and FSDP2 gather the shards.
 Both wrappers average gradients over the data-parallel ranks; each rank's loss
 is its share of the global batch's loss (see :mod:`twinkle.model.parallel.global_batch`),
 so :meth:`Parallelism.gradient_share` scales it by the number of ranks to turn that
-average back into the sum.
+average back into the sum. With ``ulysses_size`` the ranks of a Ulysses group
+share their samples and split the tokens (:mod:`twinkle.model.parallel.ulysses`):
+every rank of a group then holds the group's whole loss and figures, so shares
+are counted per group.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch.distributed as dist
 from twinkle.errors import ConfigurationError
 from twinkle.infra import DeviceMesh, get_runtime
 from twinkle.model.parallel import tensors as distributed
+from twinkle.model.parallel.ulysses import SequenceParallel
 from twinkle.model.train_state import TrainState
 from twinkle.utils import get_logger
 
@@ -50,8 +54,12 @@ class _Runner(torch.nn.Module):
 class Parallelism:
     """One process holds the whole model and the whole batch: every method is the identity."""
 
-    data_world_size = 1
+    data_world_size = 1  # the ranks that see different samples
     is_writer = True  # the process that writes checkpoints
+    sequence: SequenceParallel | None = None  # the Ulysses group this rank splits its samples' tokens with
+
+    def prepare(self, model: torch.nn.Module) -> None:
+        """Check that ``model`` can run this plan and set it up for it (before anything trains)."""
 
     def wrap(self, model: torch.nn.Module, states: Iterable[TrainState]) -> None:
         """Freeze the model's structure and wrap it for data parallelism (no-op here)."""
@@ -64,7 +72,7 @@ class Parallelism:
         return fn(*args, **kwargs)
 
     def sum(self, values: Sequence[float]) -> list[float]:
-        """Sums over the data-parallel ranks."""
+        """Sums over the ranks that see different samples."""
         return list(values)
 
     def max(self, values: Sequence[float]) -> list[float]:
@@ -93,7 +101,12 @@ class DataParallel(Parallelism):
         self.data_world_size = mesh.data_world_size
         self.sharded = mesh.size("fsdp") > 1
         self.is_writer = dist.get_rank() == 0
+        self.sequence = SequenceParallel(mesh, dist.get_rank()) if mesh.ulysses_size > 1 else None
         self._module: torch.nn.Module | None = None
+
+    def prepare(self, model: torch.nn.Module) -> None:
+        if self.sequence is not None:
+            self.sequence.prepare(model)
 
     def wrap(self, model: torch.nn.Module, states: Iterable[TrainState]) -> None:
         if self._module is not None:
@@ -132,6 +145,8 @@ class DataParallel(Parallelism):
         return output
 
     def sum(self, values: Sequence[float]) -> list[float]:
+        if self.sequence is not None and not self.sequence.is_leader:  # its group's leader counts the group
+            values = [0.0] * len(values)
         return distributed.all_reduce_sum(values, self._comm_device)
 
     def max(self, values: Sequence[float]) -> list[float]:
@@ -197,7 +212,7 @@ def parallelism_for(mesh: DeviceMesh | None, device: torch.device, model_cls: ty
         raise ConfigurationError(f"{name} runs in one process; give it no device_mesh (or a one-rank one)")
     others = {dim: mesh.size(dim) for dim in ("tp", "pp", "cp", "ep") if mesh.size(dim) > 1}
     if others:
-        raise ConfigurationError(f"{name} trains with dp_size/fsdp_size only; this mesh also has {others}")
+        raise ConfigurationError(f"{name} trains with dp_size/fsdp_size/ulysses_size only; this mesh also has {others}")
     if runtime.world_size != mesh.world_size:
         raise ConfigurationError(
             f"the device_mesh spans {mesh.world_size} ranks but this is one of {runtime.world_size} processes: "

@@ -201,7 +201,7 @@ class PassEngine:
         return_logits: bool,
     ) -> tuple[TokenLogpsResult | None, dict[int, torch.Tensor]]:
         """The decoder once, then the output layer on the positions that predict labels or targets."""
-        hidden_BTH = decoder_hidden(model, batch)
+        hidden_BTH = decoder_hidden(model, batch, self.host.parallel.sequence)
         chunk_size, kernel = self.host.logps_chunk_size, logps_kernel(model)
         labels = label_logps(model, hidden_BTH, batch, chunk_size, return_logits, kernel) if reads_labels else None
         targets = target_row_logps(model, hidden_BTH, target_rows, chunk_size, kernel) if target_rows else {}

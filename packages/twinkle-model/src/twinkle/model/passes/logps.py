@@ -24,6 +24,7 @@ from twinkle.data_format import IGNORE_INDEX
 from twinkle.errors import InvalidInputError
 from twinkle.interfaces import Kernel
 from twinkle.kernel import OUTPUT_LOGPS, get_kernel_report
+from twinkle.model.parallel.ulysses import SequenceParallel
 from twinkle.model.passes.requests import TargetSequence, check_sequences, model_limits
 from twinkle.module import MultiLoraLinear, TokenLogps, chunked_token_logps, logps_dtype, per_token
 from twinkle.processor import model_inputs
@@ -52,9 +53,17 @@ def inner_model(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def decoder_hidden(model: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The last hidden states ``[B, T, H]`` of ``model`` (a causal LM, possibly PEFT-wrapped) on ``batch``."""
-    hidden_BTH: torch.Tensor = inner_model(model).get_decoder()(**model_inputs(batch)).last_hidden_state
+def decoder_hidden(
+    model: Any, batch: Mapping[str, torch.Tensor], sequence: SequenceParallel | None = None
+) -> torch.Tensor:
+    """The last hidden states ``[B, T, H]`` of ``model`` (a causal LM, possibly PEFT-wrapped) on ``batch``.
+
+    With a ``sequence`` group, this rank computes its share of the tokens and the group's are gathered.
+    """
+    decoder = inner_model(model).get_decoder()
+    if sequence is not None:
+        return sequence.decoder_hidden(decoder, model_inputs(batch))
+    hidden_BTH: torch.Tensor = decoder(**model_inputs(batch)).last_hidden_state
     return hidden_BTH
 
 
