@@ -1,6 +1,6 @@
 """Every embedded model family through the whole stack, as a user fine-tuning that family would use it.
 
-For ``builtin://llama-tiny``, ``builtin://qwen2-tiny`` and ``builtin://qwen3-moe-tiny``: LoRA SFT lowers the
+For ``builtin://llama-tiny``, ``qwen2-tiny``, ``qwen3-moe-tiny`` and ``glm4-tiny``: LoRA SFT lowers the
 loss and the saved adapter loads in plain transformers + PEFT with the trainer's logits; a full-parameter
 step saves a directory plain transformers loads with the same logits; ``MultiLoraModel`` trains two
 adapters in one pass and its saved adapter loads in PEFT too; ``TorchSampler`` reports the log-probs the
@@ -25,7 +25,7 @@ from twinkle.model import AdapterRequest, MultiLoraModel, TransformersModel
 from twinkle.sampler import TorchSampler
 from twinkle.template import Template
 
-FAMILIES = ["builtin://llama-tiny", "builtin://qwen2-tiny", "builtin://qwen3-moe-tiny"]
+FAMILIES = ["builtin://llama-tiny", "builtin://qwen2-tiny", "builtin://qwen3-moe-tiny", "builtin://glm4-tiny"]
 DTYPE = torch.float64
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 CONVERSATIONS = [

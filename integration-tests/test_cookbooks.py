@@ -23,6 +23,8 @@ COVERED_BY = {
     "sft/self_cognition.py": "integration-tests/test_torchrun_sft.py",  # one process, then DDP and FSDP2
     "sft/full.py": "integration-tests/test_cookbooks.py",
     "sft/sequence_parallel.py": "integration-tests/test_torchrun_sequence_parallel.py",  # one process vs Ulysses
+    "sft/moe.py": "integration-tests/test_torchrun_moe.py",  # one process vs FSDP2
+    "sft/expert_parallel.py": "integration-tests/test_torchrun_moe.py",  # one process vs EP + SP over FSDP2
     "rl/dpo.py": "integration-tests/test_torchrun_dpo.py",  # one process, then DDP and FSDP2
     "rl/grpo.py": "integration-tests/test_ray_grpo.py",  # in one process, against the Ray run
     "rl/grpo_ray.py": "integration-tests/test_ray_grpo.py",

@@ -77,17 +77,25 @@ def local_components() -> Components:
     return Components(LoraConfig, Dataset, DatasetMeta, DataLoader, TransformersModel, Template)
 
 
-def create_dataloader(components: Components) -> DataLoader:
+def create_dataloader(components: Components, model_id: str = MODEL_ID) -> DataLoader:
     dataset = components.Dataset(components.DatasetMeta("builtin://self-cognition"))
-    dataset.set_template("Template", model_id=MODEL_ID, max_length=256)
+    dataset.set_template("Template", model_id=model_id, max_length=256)
     dataset.map(SelfCognitionProcessor(NAME, AUTHOR))
     dataset.encode()
     return components.DataLoader(dataset=dataset, batch_size=BATCH_SIZE, shuffle=True)
 
 
-def create_model(components: Components, num_training_steps: int, **model_options: Any) -> TransformersModel:
-    model = components.TransformersModel(model_id=MODEL_ID, **model_options)
-    model.add_adapter_to_model("default", components.LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
+def create_model(
+    components: Components,
+    num_training_steps: int,
+    model_id: str = MODEL_ID,
+    lora_config: Any = None,
+    **model_options: Any,
+) -> TransformersModel:
+    """The model with a LoRA adapter (``lora_config``, by default rank 16 on every linear layer) and its optimizer."""
+    model = components.TransformersModel(model_id=model_id, **model_options)
+    lora_config = lora_config or components.LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")
+    model.add_adapter_to_model("default", lora_config)
     model.set_optimizer("AdamW", lr=LEARNING_RATE)
     model.set_lr_scheduler("CosineWarmupScheduler", num_warmup_steps=5, num_training_steps=num_training_steps)
     return model
@@ -108,10 +116,14 @@ def train(model: TransformersModel, dataloader: DataLoader, epochs: int, max_ste
 
 
 def ask(
-    components: Components, model: TransformersModel, questions: list[str], max_new_tokens: int = MAX_NEW_TOKENS
+    components: Components,
+    model: TransformersModel,
+    questions: list[str],
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    model_id: str = MODEL_ID,
 ) -> list[str]:
     """Greedy answers from the trained model (in-process: transformers generate on the PEFT model)."""
-    template = components.Template(MODEL_ID, enable_thinking=False)  # the prompt already holds the empty think block
+    template = components.Template(model_id, enable_thinking=False)  # the prompt already holds the empty think block
     answers = []
     for question in questions:
         prompt = template.encode({"messages": [{"role": "user", "content": question}]}, add_generation_prompt=True)

@@ -7,7 +7,13 @@ from twinkle.errors import ResourceNotFoundError
 from twinkle.hub import is_builtin, list_builtin
 from twinkle.hub.registry import get_builtin
 
-MODELS = ["builtin://qwen3-tiny", "builtin://llama-tiny", "builtin://qwen2-tiny", "builtin://qwen3-moe-tiny"]
+MODELS = [
+    "builtin://qwen3-tiny",
+    "builtin://llama-tiny",
+    "builtin://qwen2-tiny",
+    "builtin://qwen3-moe-tiny",
+    "builtin://glm4-tiny",
+]
 DATASETS = ["builtin://self-cognition", "builtin://gsm8k-mini", "builtin://preference-mini"]
 
 

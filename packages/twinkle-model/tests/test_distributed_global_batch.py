@@ -262,7 +262,9 @@ def test_one_process_gradient_share_divides_by_the_accumulation_steps_only():
 def test_meshes_that_cannot_train_here_are_refused_before_loading_anything():
     assert type(parallelism_for(None, torch.device("cpu"), TransformersModel)) is Parallelism
     assert type(parallelism_for(DeviceMesh.from_sizes(), torch.device("cpu"), TransformersModel)) is Parallelism
-    with pytest.raises(ConfigurationError, match=r"dp_size/fsdp_size only; this mesh also has \{'tp': 2\}"):
+    with pytest.raises(
+        ConfigurationError, match=r"dp_size/fsdp_size/ep_size/ulysses_size only; this mesh also has \{'tp': 2\}"
+    ):
         parallelism_for(DeviceMesh.from_sizes(dp_size=2, tp_size=2), torch.device("cpu"), TransformersModel)
     with pytest.raises(ConfigurationError, match="spans 2 ranks but this is one of 1 processes: launch with torchrun"):
         TransformersModel(device="cpu", device_mesh=DeviceMesh.from_sizes(dp_size=2))

@@ -199,10 +199,22 @@ class DeviceMesh:
 
     def ulysses_groups(self) -> list[list[int]]:
         """Every Ulysses group's ranks, each in ``ulysses_rank`` order: the ranks that share samples."""
+        return self._data_parallel_blocks(self.ulysses_size)
+
+    def expert_rank(self, rank: int) -> int:
+        """Which ``1/ep_size`` of every MoE layer's experts ``rank`` holds (``0..ep_size-1``)."""
+        return self._dp_fsdp_rank(rank) % self.ep_size
+
+    def expert_groups(self) -> list[list[int]]:
+        """Every expert-parallel group's ranks, each in ``expert_rank`` order: together they hold every expert."""
+        return self._data_parallel_blocks(self.ep_size)
+
+    def _data_parallel_blocks(self, size: int) -> list[list[int]]:
+        """The data-parallel ranks in blocks of ``size`` consecutive ones (for each tp/cp/pp coordinate)."""
         groups: dict[tuple[int, ...], list[int]] = {}
         for rank in range(self.world_size):
             c = self.coords(rank)
-            groups.setdefault((c["pp"], c["cp"], c["tp"], self.data_rank(rank)), []).append(rank)
+            groups.setdefault((c["pp"], c["cp"], c["tp"], self._dp_fsdp_rank(rank) // size), []).append(rank)
         return list(groups.values())
 
     def get_slice(self, total: int, rank: int) -> slice:

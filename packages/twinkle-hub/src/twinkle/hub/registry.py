@@ -75,6 +75,14 @@ _SPECS = (
         builder="twinkle.hub.models.families:build_qwen3_moe_tiny",
     ),
     BuiltinSpec(
+        id="builtin://glm4-tiny",
+        kind="model",
+        description="GLM-4-architecture causal LM (q/k/v biases, half-head rotary, sandwich norms; 4 layers, "
+        "hidden 64) with the Qwen3 tokenizer; random weights",
+        version=1,
+        builder="twinkle.hub.models.families:build_glm4_tiny",
+    ),
+    BuiltinSpec(
         id="builtin://self-cognition",
         kind="dataset",
         description="English and Chinese self-introduction Q&A with {{NAME}}/{{AUTHOR}} placeholders (train)",

@@ -7,9 +7,10 @@ The embedding rows are larger (``EMBED_STD``): it is tied to the output layer an
 a hidden state has norm ``sqrt(hidden_size)``, so with std 0.02 no logit could leave ~1.3 and even a
 perfectly tuned LoRA could not push the loss below ~10.5 nats over 151k tokens.
 
-Families differ in a few places: QK-norm (Qwen3), q/k/v biases (Qwen2), and a mixture-of-experts MLP
+Families differ in a few places: QK-norm (Qwen3), q/k/v biases (Qwen2, GLM-4), a mixture-of-experts MLP
 (Qwen3-MoE: a router and per-expert projections, in the per-expert layout of the Hub checkpoints, which
-transformers fuses into 3-D expert tensors when it loads them).
+transformers fuses into 3-D expert tensors when it loads them), and GLM-4's fused gate/up projection and
+extra norms after attention and after the MLP.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class DecoderLayout:
     qk_norm: bool = False  # per-head RMSNorm of queries and keys (Qwen3)
     qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2)
     experts: int = 0  # > 0: a mixture-of-experts MLP with this many experts and a router (``mlp.gate``)
+    glm: bool = False  # GLM-4: one ``gate_up_proj``, and RMSNorms after attention and after the MLP too
 
 
 def decoder_weights(config: Any, seed: int, layout: DecoderLayout) -> dict[str, np.ndarray]:
@@ -53,6 +55,11 @@ def decoder_weights(config: Any, seed: int, layout: DecoderLayout) -> dict[str, 
         return np.zeros(size, dtype=np.float32)
 
     def mlp(prefix: str, width: int) -> dict[str, np.ndarray]:
+        if layout.glm:
+            return {
+                f"{prefix}.gate_up_proj.weight": normal(2 * width, hidden),
+                f"{prefix}.down_proj.weight": normal(hidden, width),
+            }
         return {
             f"{prefix}.gate_proj.weight": normal(width, hidden),
             f"{prefix}.up_proj.weight": normal(width, hidden),
@@ -75,6 +82,9 @@ def decoder_weights(config: Any, seed: int, layout: DecoderLayout) -> dict[str, 
             weights[f"{attention}.q_norm.weight"] = ones(head_dim)
             weights[f"{attention}.k_norm.weight"] = ones(head_dim)
         weights[f"{prefix}.post_attention_layernorm.weight"] = ones(hidden)
+        if layout.glm:
+            weights[f"{prefix}.post_self_attn_layernorm.weight"] = ones(hidden)
+            weights[f"{prefix}.post_mlp_layernorm.weight"] = ones(hidden)
         if layout.experts:
             weights[f"{prefix}.mlp.gate.weight"] = normal(layout.experts, hidden)
             for expert in range(layout.experts):

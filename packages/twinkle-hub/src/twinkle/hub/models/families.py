@@ -1,11 +1,13 @@
-"""More embedded model families: ``builtin://llama-tiny``, ``builtin://qwen2-tiny`` and ``builtin://qwen3-moe-tiny``.
+"""More embedded model families: ``builtin://llama-tiny``, ``qwen2-tiny``, ``qwen3-moe-tiny`` and ``glm4-tiny``.
 
 Each is its family's real transformers architecture at ``builtin://qwen3-tiny``'s toy size (4 layers, hidden
 64, grouped-query attention with 4 query and 2 key/value heads, tied embeddings) with the same Qwen
 tokenizer, chat template and special token ids (Llama's own tokenizer is not available offline), so data
 encoded once trains any of them. What differs is what the family differs in: Llama has no QK-norm and
 Llama 3's rotary base; Qwen2 has biases on q/k/v; Qwen3-MoE has QK-norm and a mixture-of-experts MLP in
-every layer (8 experts, 2 per token, renormalised top-k weights, as Qwen3-30B-A3B's config has them).
+every layer (8 experts, 2 per token, renormalised top-k weights, as Qwen3-30B-A3B's config has them);
+GLM-4 (GLM-4-9B's architecture) has q/k/v biases, rotary embedding on half of each head, a fused
+gate/up projection and "sandwich" norms (after attention and after the MLP as well as before them).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from twinkle.hub.models.decoder_weights import DecoderLayout, decoder_weights
 from twinkle.hub.models.qwen3_tiny import ENDOFTEXT_ID, IM_END_ID, PADDED_VOCAB_SIZE, WEIGHT_SEED, write_model
 from twinkle.hub.models.tokenizer import MODEL_MAX_LENGTH
 
-__all__ = ["build_llama_tiny", "build_qwen2_tiny", "build_qwen3_moe_tiny", "tiny_family_config"]
+__all__ = ["build_glm4_tiny", "build_llama_tiny", "build_qwen2_tiny", "build_qwen3_moe_tiny", "tiny_family_config"]
 
 EXPERTS = 8
 TINY_SHAPE: dict[str, Any] = {
@@ -38,8 +40,8 @@ TINY_SHAPE: dict[str, Any] = {
 
 
 def tiny_family_config(family: str) -> Any:
-    """The transformers config of ``builtin://<family>-tiny`` (``llama``, ``qwen2`` or ``qwen3-moe``)."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3MoeConfig
+    """The transformers config of ``builtin://<family>-tiny`` (``llama``, ``qwen2``, ``qwen3-moe`` or ``glm4``)."""
+    from transformers import Glm4Config, LlamaConfig, Qwen2Config, Qwen3MoeConfig
 
     rope = {"rope_type": "default", "rope_theta": 1_000_000.0}
     if family == "llama":
@@ -60,7 +62,12 @@ def tiny_family_config(family: str) -> Any:
             rope_parameters=rope,
             **TINY_SHAPE,
         )
-    raise ValueError(f"no embedded {family!r} family (llama, qwen2, qwen3-moe)")
+    if family == "glm4":
+        rope = {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5}
+        return Glm4Config(
+            architectures=["Glm4ForCausalLM"], head_dim=16, attention_bias=True, rope_parameters=rope, **TINY_SHAPE
+        )
+    raise ValueError(f"no embedded {family!r} family (llama, qwen2, qwen3-moe, glm4)")
 
 
 def build_llama_tiny(target: Path) -> None:
@@ -77,3 +84,8 @@ def build_qwen3_moe_tiny(target: Path) -> None:
     config = tiny_family_config("qwen3-moe")
     layout = DecoderLayout(qk_norm=True, experts=EXPERTS)
     write_model(target, config, decoder_weights(config, WEIGHT_SEED + 3, layout))
+
+
+def build_glm4_tiny(target: Path) -> None:
+    config = tiny_family_config("glm4")
+    write_model(target, config, decoder_weights(config, WEIGHT_SEED + 4, DecoderLayout(qkv_bias=True, glm=True)))

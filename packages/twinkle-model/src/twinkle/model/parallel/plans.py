@@ -33,6 +33,7 @@ import torch.distributed as dist
 from twinkle.errors import ConfigurationError
 from twinkle.infra import DeviceMesh, get_runtime
 from twinkle.model.parallel import tensors as distributed
+from twinkle.model.parallel.experts import ExpertParallel
 from twinkle.model.parallel.ulysses import SequenceParallel
 from twinkle.model.train_state import TrainState
 from twinkle.utils import get_logger
@@ -101,12 +102,19 @@ class DataParallel(Parallelism):
         self.data_world_size = mesh.data_world_size
         self.sharded = mesh.size("fsdp") > 1
         self.is_writer = dist.get_rank() == 0
+        if mesh.ep_size > 1 and not self.sharded:
+            raise ConfigurationError(
+                f"expert parallelism (ep_size={mesh.ep_size}) shards the rest of the model with FSDP2: set fsdp_size"
+            )
         self.sequence = SequenceParallel(mesh, dist.get_rank()) if mesh.ulysses_size > 1 else None
+        self.experts = ExpertParallel(mesh, dist.get_rank()) if mesh.ep_size > 1 else None
         self._module: torch.nn.Module | None = None
 
     def prepare(self, model: torch.nn.Module) -> None:
         if self.sequence is not None:
             self.sequence.prepare(model)
+        if self.experts is not None:
+            self.experts.prepare(model)
 
     def wrap(self, model: torch.nn.Module, states: Iterable[TrainState]) -> None:
         if self._module is not None:
@@ -117,6 +125,8 @@ class DataParallel(Parallelism):
                 f"data-parallel training trains one adapter (or the full model) per model, got {len(states)}: "
                 f"{[s.name for s in states]}"
             )
+        if self.experts is not None:
+            self.experts.check_trainable(model, any(not state.is_adapter for state in states))
         names = {id(param): name for name, param in model.named_parameters()}
         runner = _Runner(model)
         self._module = self._shard(runner) if self.sharded else self._replicate(runner)
@@ -183,9 +193,11 @@ class DataParallel(Parallelism):
                 f"FSDP needs the model's decoder layer class (transformers' _no_split_modules); "
                 f"{type(runner.model).__name__} declares none"
             )
+        # Each rank's experts are its own (expert parallelism): FSDP2 leaves them where they are.
+        ignored = self.experts.expert_params(runner) if self.experts is not None else None
         for layer in layers:  # frozen base and trainable LoRA weights may share a layer: FSDP2 allows it
-            fully_shard(layer, mesh=shard_mesh)
-        fully_shard(runner, mesh=shard_mesh)  # makes runner itself an FSDPModule
+            fully_shard(layer, mesh=shard_mesh, ignored_params=ignored)
+        fully_shard(runner, mesh=shard_mesh, ignored_params=ignored)  # makes runner itself an FSDPModule
         return runner
 
 
@@ -210,9 +222,11 @@ def parallelism_for(mesh: DeviceMesh | None, device: torch.device, model_cls: ty
         return Parallelism()
     if not getattr(model_cls, "supports_data_parallel", False):
         raise ConfigurationError(f"{name} runs in one process; give it no device_mesh (or a one-rank one)")
-    others = {dim: mesh.size(dim) for dim in ("tp", "pp", "cp", "ep") if mesh.size(dim) > 1}
+    others = {dim: mesh.size(dim) for dim in ("tp", "pp", "cp") if mesh.size(dim) > 1}
     if others:
-        raise ConfigurationError(f"{name} trains with dp_size/fsdp_size/ulysses_size only; this mesh also has {others}")
+        raise ConfigurationError(
+            f"{name} trains with dp_size/fsdp_size/ep_size/ulysses_size only; this mesh also has {others}"
+        )
     if runtime.world_size != mesh.world_size:
         raise ConfigurationError(
             f"the device_mesh spans {mesh.world_size} ranks but this is one of {runtime.world_size} processes: "
