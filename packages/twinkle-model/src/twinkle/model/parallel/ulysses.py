@@ -149,21 +149,40 @@ class SequenceParallel:
                 "which sequence parallelism needs"
             )
 
-    def decoder_hidden(self, decoder: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
-        """The decoder's last hidden states ``[B, T, H]`` on ``inputs`` (a causal-LM forward's), computed split."""
+    def decode(
+        self, decoder: torch.nn.Module, inputs: dict[str, Any]
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """The decoder's last hidden states ``[B, T, H]`` on ``inputs`` (a causal-LM forward's), computed split.
+
+        With ``output_router_logits`` in ``inputs``, every MoE layer's router logits ``[B, T, E]`` too.
+        """
         input_ids_BT: torch.Tensor = inputs["input_ids"]
-        length = input_ids_BT.shape[1]
+        rows, length = input_ids_BT.shape
         padded = -(-length // self.size) * self.size
         # The decoder makes its own (local) mask too, for forwards that are not split; the exchange's replaces it.
         position_ids_BT, attention_mask_BT = _pad(inputs["position_ids"], inputs.get("attention_mask"), padded)
         exchange = Exchange(self.group, self.size, _full_mask(position_ids_BT, attention_mask_BT))
         share = slice(self.rank_in_group * padded // self.size, (self.rank_in_group + 1) * padded // self.size)
         own_ids_BT = torch.nn.functional.pad(input_ids_BT, (0, padded - length))[:, share]
-        hidden = decoder(
-            input_ids=own_ids_BT, position_ids=position_ids_BT[:, share], use_cache=False, twinkle_ulysses=exchange
-        ).last_hidden_state
-        gathered_BTH: torch.Tensor = _GatherTokens.apply(hidden, exchange)  # type: ignore[no-untyped-call]
-        return gathered_BTH[:, :length]
+        router = {"output_router_logits": True} if inputs.get("output_router_logits") else {}
+        own_positions_BT = position_ids_BT[:, share]
+        output = decoder(
+            input_ids=own_ids_BT, position_ids=own_positions_BT, use_cache=False, twinkle_ulysses=exchange, **router
+        )
+        hidden_BTH = _gather_tokens(output.last_hidden_state, exchange)[:, :length]
+        if not router:
+            return hidden_BTH, None
+        router_logits = [
+            _gather_tokens(logits.view(rows, padded // self.size, -1), exchange)[:, :length]
+            for logits in output.router_logits
+        ]
+        return hidden_BTH, router_logits
+
+
+def _gather_tokens(x_BTH: torch.Tensor, exchange: Exchange) -> torch.Tensor:
+    """Every rank's tokens of ``x_BTH``, in order, with the gather's adjoint for backward."""
+    gathered_BTH: torch.Tensor = _GatherTokens.apply(x_BTH, exchange)  # type: ignore[no-untyped-call]
+    return gathered_BTH
 
 
 def _pad(

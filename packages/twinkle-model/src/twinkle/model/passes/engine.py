@@ -31,13 +31,15 @@ import torch
 from twinkle.model.parallel import Parallelism
 from twinkle.model.passes.logps import (
     TokenLogpsResult,
-    decoder_hidden,
+    decode,
+    inner_model,
     label_logps,
     logps_kernel,
     target_row_logps,
 )
 from twinkle.model.passes.loss_inputs import check_micro_batch_size
 from twinkle.model.passes.plans import Plan, RowsView
+from twinkle.model.passes.router_aux import RouterAux, router_aux_for
 from twinkle.model.precision import MixedPrecision, autocast
 from twinkle.processor import InputProcessor, select_rows
 
@@ -84,8 +86,8 @@ class PassEngine:
         """One adapter's label log-probs of ``batch`` (autograd as the caller's mode has it): the step API's forward."""
         rows = batch["input_ids"].shape[0]
         with self._autocast(), self.route([adapter] * rows):
-            labels, _ = self.host.parallel.run(
-                self._forward, self.host.model, self._on_device(batch), {}, True, return_logits
+            labels, _, _ = self.host.parallel.run(
+                self._forward, self.host.model, self._on_device(batch), {}, True, return_logits, None
             )
         assert labels is not None
         return labels
@@ -130,14 +132,21 @@ class PassEngine:
         adapters = [plan.state.name if plan.state.is_adapter else None for plan, _, _ in part]
         row_adapters = [name for name, (_, length) in zip(adapters, spans, strict=True) for _ in range(length)]
         reads_labels = any(plan.reads_labels for plan, _, _ in part)
+        router = router_aux_for(inner_model(host.model)) if any(plan.train for plan, _, _ in part) else None
         try:
             # Loss and backward stay within the routing: checkpointed chunks recompute their forward there.
             with self.route(row_adapters):
                 with self._autocast():
-                    labels, targets = host.parallel.run(
-                        self._forward, host.model, self._on_device(batch), target_rows, reads_labels, return_logits
+                    labels, targets, router_logits = host.parallel.run(
+                        self._forward,
+                        host.model,
+                        self._on_device(batch),
+                        target_rows,
+                        reads_labels,
+                        return_logits,
+                        router,
                     )
-                total = self._total_loss(part, batch, spans, labels, targets)
+                total = self._total_loss(part, batch, spans, labels, targets, _RouterLosses(router, router_logits))
                 if total is not None:
                     total.backward()
         except Exception as exc:  # the pass itself failed: every plan in it reports it
@@ -151,6 +160,7 @@ class PassEngine:
         spans: list[tuple[int, int]],
         labels: TokenLogpsResult | None,
         targets: dict[int, torch.Tensor],
+        router: _RouterLosses,
     ) -> torch.Tensor | None:
         parallel = self.host.parallel
         total: torch.Tensor | None = None
@@ -163,6 +173,7 @@ class PassEngine:
                 select_rows(batch, rows) if shared else batch,
                 None if labels is None else (labels.rows(rows.to(labels.logps_BT.device)) if shared else labels),
                 [targets[row] for row in range(start, start + length) if row in targets],
+                router.of_rows(batch, start, length) if plan.train else None,
             )
             try:
                 loss = plan.loss(view, parallel)
@@ -199,19 +210,37 @@ class PassEngine:
         target_rows: dict[int, Any],
         reads_labels: bool,
         return_logits: bool,
-    ) -> tuple[TokenLogpsResult | None, dict[int, torch.Tensor]]:
+        router: RouterAux | None,
+    ) -> tuple[TokenLogpsResult | None, dict[int, torch.Tensor], list[torch.Tensor] | None]:
         """The decoder once, then the output layer on the positions that predict labels or targets."""
-        hidden_BTH = decoder_hidden(model, batch, self.host.parallel.sequence)
-        chunk_size, kernel = self.host.logps_chunk_size, logps_kernel(model)
+        decoded = decode(model, batch, self.host.parallel.sequence, router_logits=router is not None)
+        hidden_BTH, chunk_size, kernel = decoded.hidden_BTH, self.host.logps_chunk_size, logps_kernel(model)
         labels = label_logps(model, hidden_BTH, batch, chunk_size, return_logits, kernel) if reads_labels else None
         targets = target_row_logps(model, hidden_BTH, target_rows, chunk_size, kernel) if target_rows else {}
-        return labels, targets
+        return labels, targets, decoded.router_logits_BTE
 
     def _on_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {name: tensor.to(self.host.device) for name, tensor in batch.items()}
 
     def _autocast(self) -> AbstractContextManager[Any]:
         return autocast(self.host.device.type, self.host.mixed_precision)
+
+
+class _RouterLosses:
+    """A pass's router logits (``None``: the model computes no router loss), cut into each plan's rows."""
+
+    def __init__(self, router: RouterAux | None, logits_BTE: list[torch.Tensor] | None) -> None:
+        self.router, self.logits_BTE = router, logits_BTE
+
+    def of_rows(self, batch: dict[str, torch.Tensor], start: int, length: int) -> tuple[torch.Tensor, float] | None:
+        """Rows ``start:start+length``'s router loss (over their unpadded tokens) and its weight in the loss."""
+        if self.router is None or self.logits_BTE is None:
+            return None
+        rows = slice(start, start + length)
+        mask = batch.get("attention_mask")
+        tokens_BT = torch.ones_like(batch["input_ids"], dtype=torch.bool) if mask is None else mask.bool()
+        tokens_BT = tokens_BT[rows].to(self.logits_BTE[0].device)
+        return self.router.loss([logits[rows] for logits in self.logits_BTE], tokens_BT), self.router.coef
 
 
 def _passes(plans: list[Plan], micro_batch_size: int | None) -> list[list[tuple[Plan, int, int]]]:

@@ -1,6 +1,6 @@
 """Per-token log-probabilities of one forward: of a batch's shifted labels, and of rows' explicit targets.
 
-The decoder runs once over all rows (:func:`decoder_hidden`); the output layer
+The decoder runs once over all rows (:func:`decode`); the output layer
 then runs only on the hidden states that predict something, in chunks, so the
 ``[B, T, V]`` logits never exist at once. A row predicts either its own
 shifted ``labels`` (an ``InputFeature``: :func:`label_logps`) or explicit
@@ -53,18 +53,32 @@ def inner_model(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def decoder_hidden(
-    model: Any, batch: Mapping[str, torch.Tensor], sequence: SequenceParallel | None = None
-) -> torch.Tensor:
-    """The last hidden states ``[B, T, H]`` of ``model`` (a causal LM, possibly PEFT-wrapped) on ``batch``.
+@dataclass
+class DecoderOutput:
+    """The decoder's last hidden states, and (when asked for) every MoE layer's router logits ``[B, T, E]``."""
+
+    hidden_BTH: torch.Tensor
+    router_logits_BTE: list[torch.Tensor] | None = None
+
+
+def decode(
+    model: Any, batch: Mapping[str, torch.Tensor], sequence: SequenceParallel | None = None, router_logits: bool = False
+) -> DecoderOutput:
+    """The decoder of ``model`` (a causal LM, possibly PEFT-wrapped) on ``batch``.
 
     With a ``sequence`` group, this rank computes its share of the tokens and the group's are gathered.
     """
     decoder = inner_model(model).get_decoder()
+    inputs = model_inputs(batch)
+    if router_logits:
+        inputs["output_router_logits"] = True
     if sequence is not None:
-        return sequence.decoder_hidden(decoder, model_inputs(batch))
-    hidden_BTH: torch.Tensor = decoder(**model_inputs(batch)).last_hidden_state
-    return hidden_BTH
+        return DecoderOutput(*sequence.decode(decoder, inputs))
+    output = decoder(**inputs)
+    if not router_logits:
+        return DecoderOutput(output.last_hidden_state)
+    rows, length = batch["input_ids"].shape
+    return DecoderOutput(output.last_hidden_state, [logits.view(rows, length, -1) for logits in output.router_logits])
 
 
 def logps_kernel(model: Any) -> Kernel | None:
@@ -214,7 +228,7 @@ def target_logps(
     check_chunk_size(chunk_size)
     device = inner_model(model).get_input_embeddings().weight.device
     batch = {name: tensor.to(device) for name, tensor in sequence_batch(sequences, 0).items()}
-    hidden_BTH = decoder_hidden(model, batch)
+    hidden_BTH = decode(model, batch).hidden_BTH
     logps = target_row_logps(model, hidden_BTH, dict(enumerate(sequences)), chunk_size, logps_kernel(model))
     return [logps[row] for row in range(len(sequences))]
 

@@ -46,7 +46,9 @@ class RowsView:
     """What the pass computed for one plan's rows ``first:first+count``.
 
     ``batch`` and ``labels`` are those rows' own (collated rows, label log-probs);
-    ``targets`` the target log-probs of each of the rows, in order (target plans).
+    ``targets`` the target log-probs of each of the rows, in order (target plans);
+    ``router_aux`` their MoE router loss and its coefficient, when the model computes one
+    (:mod:`twinkle.model.passes.router_aux`).
     """
 
     first: int
@@ -54,6 +56,7 @@ class RowsView:
     batch: Mapping[str, torch.Tensor]
     labels: TokenLogpsResult | None
     targets: list[torch.Tensor]
+    router_aux: tuple[torch.Tensor, float] | None = None
 
 
 class Plan(ABC):
@@ -180,7 +183,13 @@ class LossPlan(Plan):
         value = float(loss_output.loss.detach())
         self.loss_total = value if self.loss_total is None else self.loss_total + value
         self.loss_metrics.append((loss_output.metrics, int(labels.supervised_BT.sum())))
-        return loss_output.loss
+        if not self.train or view.router_aux is None:
+            return loss_output.loss
+        aux, coef = view.router_aux
+        self.loss_metrics.append(({"router_aux_loss": float(aux.detach())}, int(labels.supervised_BT.sum())))
+        # The mean over micro-batches and ranks, like the loss: each rank's share scales by the ranks.
+        weight = coef * view.count / self.row_count / parallel.data_world_size
+        return loss_output.loss + weight * aux
 
     def finish(self, seconds: float, parallel: Parallelism) -> None:
         metric = self.state.train_metric if self.train else self.state.eval_metric
