@@ -7,6 +7,7 @@ with ``to_dict``/``from_dict``.
 """
 
 from twinkle.data_format.input_feature import (
+    FREE_EXPERT,
     IGNORE_INDEX,
     TOKEN_FIELDS,
     InputFeature,
@@ -29,6 +30,7 @@ from twinkle.data_format.sampling import SampledSequence, SampleResponse, Sampli
 from twinkle.data_format.serde import Serializable
 
 __all__ = [
+    "FREE_EXPERT",
     "IGNORE_INDEX",
     "TOKEN_FIELDS",
     "FunctionToolCall",

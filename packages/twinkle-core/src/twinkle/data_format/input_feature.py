@@ -6,7 +6,9 @@ token targets *unshifted* (``labels[i]`` is the token at position ``i`` when it
 is trained, else ``IGNORE_INDEX``) and ``loss_mask`` is the same information as
 0/1, kept so losses and metrics need not know the ignore convention. The
 trajectory that produced the feature may ride along (``messages``,
-``user_data``) for rewards computed later.
+``user_data``) for rewards computed later. ``routed_experts`` (MoE models, from
+a sampler that records routing) holds, per token, every MoE layer's chosen
+experts (``[T][layers][top_k]``, ``-1``: route freely), for router replay.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from twinkle.data_format.message import Message
 from twinkle.errors import InvalidInputError
 
 IGNORE_INDEX = -100
+FREE_EXPERT = -1  # in ``routed_experts``: nothing recorded for this token, its router chooses
 
 TOKEN_FIELDS: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids", "labels", "loss_mask")
 
@@ -39,6 +42,7 @@ class InputFeature(TypedDict):
     length: NotRequired[int]
     messages: NotRequired[list[Message]]
     user_data: NotRequired[dict[str, Any]]
+    routed_experts: NotRequired[list[list[list[int]]]]
 
 
 def _int_list(value: Any, name: str, where: str) -> list[int]:
@@ -115,7 +119,30 @@ def validate_input_feature(
     length = out.get("length")
     if length is not None and length != len(ids):
         raise InvalidInputError(f"{where}.length is {length} but input_ids has length {len(ids)}")
+    if out.get("routed_experts") is not None:
+        out["routed_experts"] = _routing(out["routed_experts"], len(ids), f"{where}.routed_experts")
     return out  # type: ignore[return-value]
+
+
+def _routing(value: Any, tokens: int, where: str) -> list[list[list[int]]]:
+    """``[tokens][layers][top_k]`` expert ids >= -1, every token with the same numbers of layers and experts."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if not isinstance(value, Sequence) or len(value) != tokens:
+        size = len(value) if isinstance(value, Sequence) else type(value).__name__
+        raise InvalidInputError(f"{where} must hold one entry per token ({tokens}), got {size}")
+    shape: tuple[int, int] | None = None
+    for t, layers in enumerate(value):
+        if not isinstance(layers, Sequence) or not all(isinstance(chosen, Sequence) for chosen in layers):
+            raise InvalidInputError(f"{where}[{t}] must be a list (one per MoE layer) of lists of expert ids")
+        found = (len(layers), len(layers[0]) if layers else 0)
+        if shape is not None and found != shape:
+            raise InvalidInputError(f"{where}[{t}] is {found[0]} layers x {found[1]} experts, [0] is {shape}")
+        shape = found
+        for chosen in layers:
+            if any(isinstance(e, bool) or not isinstance(e, int) or e < -1 for e in chosen):
+                raise InvalidInputError(f"{where}[{t}] has an expert id that is not an int >= -1: {list(chosen)}")
+    return [[list(chosen) for chosen in layers] for layers in value]
 
 
 def unshifted_labels(feature: InputFeature, where: str = "input_feature") -> list[int]:

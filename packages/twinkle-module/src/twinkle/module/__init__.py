@@ -22,6 +22,7 @@ from twinkle.module.multi_lora import (
     set_adapter_weights,
 )
 from twinkle.module.optimizer import build_optimizer, optimizer_class
+from twinkle.module.routing import RoutingRecord, record_routing, replay_routing, topk_routers
 from twinkle.module.scheduler import (
     ConstantScheduler,
     CosineWarmupScheduler,
@@ -37,6 +38,7 @@ __all__ = [
     "LoraWeights",
     "LowRankTerm",
     "MultiLoraLinear",
+    "RoutingRecord",
     "RowRouting",
     "TokenLogps",
     "adapter_names",
@@ -52,9 +54,12 @@ __all__ = [
     "pattern_value",
     "per_token",
     "read_adapter_dir",
+    "record_routing",
     "remove_adapter",
+    "replay_routing",
     "set_adapter_weights",
     "split_lora_state_dict",
     "token_logps_from_logits",
+    "topk_routers",
     "write_adapter_dir",
 ]

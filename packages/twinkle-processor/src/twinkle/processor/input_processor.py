@@ -13,6 +13,7 @@ from twinkle.infra import DeviceMesh
 from twinkle.processor.features import complete_features
 from twinkle.processor.packing import pack_rows
 from twinkle.processor.padding import pad_rows
+from twinkle.processor.routing import routing_tensor
 from twinkle.registry import register
 
 
@@ -31,7 +32,9 @@ class InputProcessor:
     with :func:`twinkle.processor.model_inputs`, which says what transformers needs.
 
     Both layouts add ``seq_lens`` ``[N]`` and ``seq_starts`` ``[N]`` so that
-    :func:`twinkle.processor.unpack` can split per-token results back per feature.
+    :func:`twinkle.processor.unpack` can split per-token results back per feature,
+    and, when features recorded their MoE routing, ``routed_experts``
+    ``[B, T, layers, top_k]`` (-1 where nothing was recorded).
     Labels stay unshifted, and each feature's first label is ignored: the loss
     shift makes it untrainable anyway, and it keeps a packed row (or left
     padding) from training one sequence's last token to predict the next one's first.
@@ -91,6 +94,9 @@ class InputProcessor:
         rows = complete_features(features, self.max_length)
         batch = pack_rows(rows) if self.padding_free else pad_rows(rows, self.pad_token_id, self.padding_side)
         batch["loss_mask"] = batch["loss_mask"].float()
+        routed_BTLK = routing_tensor(features, batch)
+        if routed_BTLK is not None:
+            batch["routed_experts"] = routed_BTLK
         if self.device is not None:
             batch = {name: tensor.to(self.device) for name, tensor in batch.items()}
         return batch

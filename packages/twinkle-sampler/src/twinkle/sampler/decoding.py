@@ -8,19 +8,22 @@ token of every unfinished row and the output layer on those rows only; rows
 that finish leave the batch (and the cache), so long completions do not drag
 short ones along. Every forward, the output layer's included (LoRA may
 target ``lm_head``), runs under :func:`twinkle.module.adapter_rows`, so each
-row sees its own adapter, or none.
+row sees its own adapter, or none. When routing is recorded, each forward's
+chosen experts are kept per completion: its prompt's from the prefill, then
+each token's from the step that feeds it back (the last token is never fed
+back, nothing depends on its experts: it is left free).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from twinkle.data_format import SamplingParams
-from twinkle.module import MultiLoraLinear, adapter_rows, multi_lora_modules
+from twinkle.data_format import FREE_EXPERT, SamplingParams
+from twinkle.module import MultiLoraLinear, RoutingRecord, adapter_rows, multi_lora_modules, record_routing
 from twinkle.sampler.prompt_logprobs import prompt_logprobs
 from twinkle.sampler.results import Completion, Generation, Prompt
 from twinkle.sampler.stopping import StopCriteria
@@ -64,8 +67,12 @@ class _Rows:
 class Decoder:
     """Runs one :class:`twinkle.sampler.TorchSampler` request over its model."""
 
-    def __init__(self, model: PreTrainedModel, pad_token_id: int, generator: torch.Generator | None) -> None:
+    def __init__(
+        self, model: PreTrainedModel, pad_token_id: int, generator: torch.Generator | None, record: bool = False
+    ) -> None:
         self.model = model
+        self.record = record
+        self.routing: RoutingRecord | None = None
         self.decoder = model.get_decoder()
         self.head = model.get_output_embeddings()
         self.pad_token_id = pad_token_id
@@ -74,11 +81,18 @@ class Decoder:
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
         """``params.num_samples`` consecutive completions per prompt, prompts in input order."""
+        with ExitStack() as stack:
+            if self.record:
+                self.routing = stack.enter_context(record_routing(self.model))
+            return self._generate(prompts, params, stop)
+
+    def _generate(self, prompts: Sequence[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
         distinct: dict[tuple[tuple[int, ...], str | None], int] = {}
         source = [distinct.setdefault(p.group_key, len(distinct)) for p in prompts]
         ids_UL, mask_UL = self._left_pad([list(ids) for ids, _ in distinct])
         cache = DynamicCache(config=self.model.config)
         hidden_ULH = self._forward(ids_UL, mask_UL, self._positions(mask_UL), [a for _, a in distinct], cache)
+        prompt_routing = self._prompt_routing(mask_UL)
         generation = Generation(completions=[])
         if requested(params.prompt_logprobs):
             with self._routed([a for _, a in distinct]):
@@ -93,13 +107,30 @@ class Decoder:
         adapters = [prompt.adapter for prompt in prompts for _ in range(params.num_samples)]
         rows = _Rows(adapters, mask_UL[expand], seen_BS)
         generation.completions = self._decode(hidden_ULH[:, -1][expand], rows, cache, params, stop)
+        if prompt_routing is not None:
+            for completion, prompt in zip(generation.completions, expand.tolist(), strict=True):
+                assert completion.routed_experts is not None
+                free = [[FREE_EXPERT] * len(prompt_routing[prompt][0][0])] * len(prompt_routing[prompt][0])
+                completion.routed_experts = [*prompt_routing[prompt], *completion.routed_experts, free]
         return generation
+
+    def _prompt_routing(self, mask_UL: torch.Tensor) -> list[list[list[list[int]]]] | None:
+        """Each distinct prompt's tokens' experts from the prefill (left padding dropped)."""
+        if self.routing is None:
+            return None
+        routed_NLK = self.routing.take()
+        routed_UTLK = routed_NLK.view(*mask_UL.shape, *routed_NLK.shape[1:])
+        return [routed_UTLK[u][mask_UL[u].bool()].tolist() for u in range(mask_UL.shape[0])]
 
     def _decode(
         self, hidden_BH: torch.Tensor, rows: _Rows, cache: DynamicCache, params: SamplingParams, stop: StopCriteria
     ) -> list[Completion]:
         logprobs, topk = requested(params.logprobs), topk_count(params.logprobs) > 0
-        completions = [Completion([], "length", [] if logprobs else None, [] if topk else None) for _ in rows.adapters]
+        record = self.routing is not None
+        completions = [
+            Completion([], "length", [] if logprobs else None, [] if topk else None, [] if record else None)
+            for _ in rows.adapters
+        ]
         for step in range(params.max_tokens):
             chosen = choose_tokens(self._head_logits(hidden_BH, rows.adapters), params, self.generator, rows.seen_BS)
             keep = self._record(chosen, rows, completions, stop, last_step=step == params.max_tokens - 1)
@@ -107,6 +138,11 @@ class Decoder:
                 break
             ids_B1, positions_B1 = rows.advance(chosen.tokens_B, keep, cache)
             hidden_BH = self._forward(ids_B1, rows.mask_BL, positions_B1, rows.adapters, cache)[:, -1]
+            if self.routing is not None:  # the experts of the tokens just fed back, one per row
+                for index, experts in zip(rows.completions, self.routing.take().tolist(), strict=True):
+                    routed_experts = completions[index].routed_experts
+                    assert routed_experts is not None
+                    routed_experts.append(experts)
         return completions
 
     def _forward(

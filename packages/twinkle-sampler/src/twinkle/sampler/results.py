@@ -40,12 +40,16 @@ class Prompt:
 
 @dataclass
 class Completion:
-    """One generated continuation, as a back-end produced it."""
+    """One generated continuation, as a back-end produced it.
+
+    ``routed_experts``: when recorded, every token's experts (prompt and completion, ``[T][layers][top_k]``).
+    """
 
     tokens: list[int]
     stop_reason: StopReason
     logprobs: list[float] | None = None
     topk_logprobs: list[TopK] | None = None
+    routed_experts: list[list[list[int]]] | None = None
 
 
 @dataclass
@@ -78,7 +82,7 @@ def build_response(prompts: list[Prompt], generation: Generation, stop: StopCrit
                     logprobs=completion.logprobs,
                     topk_logprobs=completion.topk_logprobs,
                     decoded=text,
-                    new_input_feature=_training_feature(prompt, completion.tokens, text),
+                    new_input_feature=_training_feature(prompt, completion, text),
                     input_index=input_index,
                     adapter_name=prompt.adapter,
                 )
@@ -91,7 +95,7 @@ def build_response(prompts: list[Prompt], generation: Generation, stop: StopCrit
     )
 
 
-def _training_feature(prompt: Prompt, tokens: list[int], text: str) -> InputFeature:
+def _training_feature(prompt: Prompt, completion: Completion, text: str) -> InputFeature:
     """Prompt + completion, labels on the completion only; the conversation ends with the completion.
 
     A prompt encoded for generation may still carry the reference answer as
@@ -107,5 +111,8 @@ def _training_feature(prompt: Prompt, tokens: list[int], text: str) -> InputFeat
         extra["messages"] = [*messages[:end], {"role": "assistant", "content": text}]
     if prompt.feature.get("user_data") is not None:
         extra["user_data"] = prompt.feature["user_data"]
+    if completion.routed_experts is not None:
+        extra["routed_experts"] = completion.routed_experts
+    tokens = completion.tokens
     labels = [IGNORE_INDEX] * len(prompt.input_ids) + tokens
     return make_input_feature(prompt.input_ids + tokens, labels, **extra)

@@ -29,6 +29,7 @@ from twinkle.module import (
     remove_adapter,
     set_adapter_weights,
     split_lora_state_dict,
+    topk_routers,
 )
 from twinkle.patch import KernelsSpec, PatchSpec, accelerate
 from twinkle.registry import register
@@ -47,7 +48,10 @@ class TorchSampler(Sampler):
     the embedded ``builtin://qwen3-tiny``). ``dtype`` is the weights' dtype;
     sampling and log-probs always run in float32 on the output layer's logits.
     ``kernels`` (``True``: the family's defaults, or a mapping) and ``patches``
-    go into the model through :func:`twinkle.patch.accelerate`.
+    go into the model through :func:`twinkle.patch.accelerate`. ``record_routing``
+    (MoE models) adds every token's chosen experts to each completion's
+    ``new_input_feature`` (``routed_experts``), which the trainer then replays
+    (:mod:`twinkle.module.routing`).
     """
 
     def __init__(
@@ -59,6 +63,7 @@ class TorchSampler(Sampler):
         device_mesh: DeviceMesh | None = None,
         kernels: KernelsSpec = False,
         patches: Sequence[PatchSpec] = (),
+        record_routing: bool = False,
         **from_pretrained_kwargs: Any,
     ) -> None:
         super().__init__(resolve_model(model_id))
@@ -70,6 +75,11 @@ class TorchSampler(Sampler):
         ).to(self.device)  # type: ignore[arg-type]  # transformers wraps .to; mypy does not bind self to it
         self.model.eval().requires_grad_(False)
         accelerate(self.model, kernels, patches)
+        if record_routing and not topk_routers(self.model):
+            raise ConfigurationError(
+                f"record_routing: {type(self.model).__name__} has no softmax top-k MoE router to record"
+            )
+        self.record_routing = record_routing
         pad = self.model.config.pad_token_id
         self.pad_token_id = pad if pad is not None else self.tokenizer.pad_token_id or 0
 
@@ -146,6 +156,6 @@ class TorchSampler(Sampler):
 
     def _generate(self, prompts: list[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
         generator = None if params.seed is None else torch.Generator(self.device).manual_seed(params.seed)
-        decoder = Decoder(self.model, self.pad_token_id, generator)
+        decoder = Decoder(self.model, self.pad_token_id, generator, self.record_routing)
         with torch.inference_mode():
             return decoder.generate(prompts, params, stop)

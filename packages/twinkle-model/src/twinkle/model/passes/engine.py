@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
+from twinkle.errors import InvalidInputError
 from twinkle.model.parallel import Parallelism
 from twinkle.model.passes.logps import (
     TokenLogpsResult,
@@ -41,6 +42,7 @@ from twinkle.model.passes.loss_inputs import check_micro_batch_size
 from twinkle.model.passes.plans import Plan, RowsView
 from twinkle.model.passes.router_aux import RouterAux, router_aux_for
 from twinkle.model.precision import MixedPrecision, autocast
+from twinkle.module import replay_routing
 from twinkle.processor import InputProcessor, select_rows
 
 # Routes a pass's rows to adapters: the adapter name (None: none) of every row, for the block's forwards.
@@ -84,10 +86,10 @@ class PassEngine:
         self, adapter: str | None, batch: dict[str, torch.Tensor], return_logits: bool = False
     ) -> TokenLogpsResult:
         """One adapter's label log-probs of ``batch`` (autograd as the caller's mode has it): the step API's forward."""
-        rows = batch["input_ids"].shape[0]
-        with self._autocast(), self.route([adapter] * rows):
+        rows, on_device = batch["input_ids"].shape[0], self._on_device(batch)
+        with self._autocast(), self.route([adapter] * rows), self._replay(on_device):
             labels, _, _ = self.host.parallel.run(
-                self._forward, self.host.model, self._on_device(batch), {}, True, return_logits, None
+                self._forward, self.host.model, on_device, {}, True, return_logits, None
             )
         assert labels is not None
         return labels
@@ -134,17 +136,12 @@ class PassEngine:
         reads_labels = any(plan.reads_labels for plan, _, _ in part)
         router = router_aux_for(inner_model(host.model)) if any(plan.train for plan, _, _ in part) else None
         try:
-            # Loss and backward stay within the routing: checkpointed chunks recompute their forward there.
-            with self.route(row_adapters):
+            on_device = self._on_device(batch)
+            # Loss and backward stay within the adapters' and experts' routing: checkpointed layers recompute there.
+            with self.route(row_adapters), self._replay(on_device):
                 with self._autocast():
                     labels, targets, router_logits = host.parallel.run(
-                        self._forward,
-                        host.model,
-                        self._on_device(batch),
-                        target_rows,
-                        reads_labels,
-                        return_logits,
-                        router,
+                        self._forward, host.model, on_device, target_rows, reads_labels, return_logits, router
                     )
                 total = self._total_loss(part, batch, spans, labels, targets, _RouterLosses(router, router_logits))
                 if total is not None:
@@ -218,6 +215,13 @@ class PassEngine:
         labels = label_logps(model, hidden_BTH, batch, chunk_size, return_logits, kernel) if reads_labels else None
         targets = target_row_logps(model, hidden_BTH, target_rows, chunk_size, kernel) if target_rows else {}
         return labels, targets, decoded.router_logits_BTE
+
+    def _replay(self, batch: dict[str, torch.Tensor]) -> AbstractContextManager[None]:
+        """Router replay of the batch's recorded experts (features from a sampler that recorded them)."""
+        routed_BTLK = batch.get("routed_experts")
+        if routed_BTLK is not None and self.host.parallel.sequence is not None:
+            raise InvalidInputError("router replay (features with routed_experts) does not run with ulysses_size > 1")
+        return replay_routing(inner_model(self.host.model), routed_BTLK)
 
     def _on_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {name: tensor.to(self.host.device) for name, tensor in batch.items()}
