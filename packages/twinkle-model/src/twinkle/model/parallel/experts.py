@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from twinkle.errors import ConfigurationError
 from twinkle.infra import DeviceMesh
+from twinkle.model.parallel.tensors import own_group
 
 # Attention and the router, not the experts (PEFT's "all-linear" targets a MoE model's experts too).
 _SUGGESTED_CONFIG = (
@@ -128,14 +129,7 @@ class ExpertParallel:
     def __init__(self, mesh: DeviceMesh, rank: int) -> None:
         self.size = mesh.ep_size
         self.rank_in_group = mesh.expert_rank(rank)
-        group = None
-        for ranks in mesh.expert_groups():  # new_group is collective: every rank creates every group
-            created = dist.new_group(ranks)
-            if rank in ranks:
-                group = created
-        assert group is not None
-        self.group = group
-        self.module_names: list[str] = []
+        self.group = own_group(mesh.expert_groups(), rank)
 
     def prepare(self, model: torch.nn.Module) -> None:
         """Replace every fused experts module of ``model`` by this rank's :class:`ExpertShard`."""
@@ -153,7 +147,6 @@ class ExpertParallel:
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, child, ExpertShard(experts, self.rank_in_group, self.size, self.group))
-        self.module_names = [name for name, _ in found]
 
     def expert_params(self, model: torch.nn.Module) -> set[torch.nn.Parameter]:
         """The experts' parameters (this rank's own), which FSDP must leave alone."""

@@ -38,6 +38,18 @@ def init_process_group(device: torch.device) -> None:
     dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", **process_group_kwargs())
 
 
+def own_group(groups: Sequence[Sequence[int]], rank: int) -> dist.ProcessGroup:
+    """Create every one of ``groups`` (``new_group`` is collective: every rank creates each, in order); ``rank``'s."""
+    own = None
+    for ranks in groups:
+        created = dist.new_group(list(ranks))
+        if rank in ranks:
+            own = created
+    if own is None:
+        raise InvalidInputError(f"rank {rank} is in none of the groups {list(groups)}")
+    return own
+
+
 def all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]:
     """Element-wise sums of ``values`` over all ranks (float64, so token counts stay exact)."""
     tensor = torch.tensor(list(values), dtype=torch.float64, device=device)

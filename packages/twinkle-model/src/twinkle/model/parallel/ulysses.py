@@ -31,6 +31,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from twinkle.errors import ConfigurationError
 from twinkle.infra import DeviceMesh
+from twinkle.model.parallel.tensors import own_group
 
 ATTENTION = "twinkle_ulysses"  # the attention implementation a sequence-parallel model runs with
 
@@ -121,13 +122,7 @@ class SequenceParallel:
     def __init__(self, mesh: DeviceMesh, rank: int) -> None:
         self.size = mesh.ulysses_size
         self.rank_in_group = mesh.ulysses_rank(rank)
-        group = None
-        for ranks in mesh.ulysses_groups():  # new_group is collective: every rank creates every group
-            created = dist.new_group(ranks)
-            if rank in ranks:
-                group = created
-        assert group is not None
-        self.group = group
+        self.group = own_group(mesh.ulysses_groups(), rank)
         self.is_leader = self.rank_in_group == 0
 
     def prepare(self, model: Any) -> None:
