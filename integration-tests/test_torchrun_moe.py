@@ -7,8 +7,9 @@ Each cookbook, shrunk through its knobs, runs in one process and then over two:
   by all-to-all), over FSDP2, together with Ulysses sequence parallelism, activation checkpointing
   and padded batches: the features compose.
 
-Loss curves agree within 1e-4 over five steps, and the adapters load in one process with equal eval
-losses. Meshes the model cannot use are refused with errors that name the sizes, before anything trains.
+Loss curves agree within 1e-4 over five steps, and the adapters the torchrun runs save (the experts' LoRA
+gathered from FSDP2's shards; attention's from expert-parallel ranks) load in one process with the
+one-process runs' eval losses. Meshes the model cannot use are refused with errors that name the sizes, before anything trains.
 """
 
 from __future__ import annotations
@@ -66,5 +67,10 @@ def test_meshes_the_model_cannot_use_are_refused():
     assert "the experts stay frozen, but 16 parameter(s) of the adapter are in them" in refused["experts-lora"]
     assert refused["experts-lora"].endswith(ADVICE)
     assert refused["full-ep"].startswith("full-parameter training under expert parallelism (ep_size=2)")
-    split = run_refusals(["experts-split"], nproc=3)["experts-split"]
-    assert split == "ep_size=3 must divide the number of experts per MoE layer (8, in model.layers.0.mlp.experts)"
+    three = run_refusals(["experts-split", "heads-split"], nproc=3)
+    assert three["experts-split"] == (
+        "ep_size=3 must divide the number of experts per MoE layer (8, in model.layers.0.mlp.experts)"
+    )
+    assert three["heads-split"].startswith(
+        "ulysses_size=3 must divide the model's attention heads (num_attention_heads=4, num_key_value_heads=2)"
+    )
