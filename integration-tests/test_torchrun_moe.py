@@ -9,7 +9,8 @@ Each cookbook, shrunk through its knobs, runs in one process and then over two:
 
 Loss curves agree within 1e-4 over five steps, and the adapters the torchrun runs save (the experts' LoRA
 gathered from FSDP2's shards; attention's from expert-parallel ranks) load in one process with the
-one-process runs' eval losses. Meshes the model cannot use are refused with errors that name the sizes, before anything trains.
+one-process runs' eval losses. Meshes the model cannot use are refused with errors that name the sizes,
+before anything trains.
 """
 
 from __future__ import annotations
