@@ -6,35 +6,37 @@ recomputation. Checked: the trainer's log-probs equal the sampler's (1e-5) with 
 without it is printed; when the trainer's router has drifted (its weights perturbed, as after an update
 the sampler has not seen yet), replay still sends every recorded token to the sampler's experts, while
 the router's own probabilities weight them; gradients are those of the plain forward with activation
-checkpointing too; and records that do not fit the model are refused by name. Float64 with the eager
+checkpointing too, and with Ulysses sequence parallelism over FSDP2 under torchrun (each rank replays
+its share of the tokens); and records that do not fit the model are refused by name. Float64 with the eager
 expert loop (torch's grouped matmul has no float64), so a near tie cannot flip between two correct runs.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from twinkle.data_format import SamplingParams
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.model import TransformersModel
 from twinkle.sampler import TorchSampler
 
-MOE = "builtin://qwen3-moe-tiny"
-OPTIONS: dict[str, Any] = {"dtype": torch.float64, "experts_implementation": "eager"}
-PROMPTS = [{"input_ids": [151644, 872, 198, 9707, 11, 1246]}, {"input_ids": [151644, 872, 198, 3838]}]
+sys.path.insert(0, str(Path(__file__).parent))
+from router_replay_split import MOE, OPTIONS, drifted, sampled_features
+from torchrun_harness import CPU_ONLY, TIMEOUT_S, free_port
 
 pytestmark = [pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")
 def sampled() -> tuple[list[dict[str, Any]], list[list[float]]]:
-    sampler = TorchSampler(MOE, device="cpu", record_routing=True, **OPTIONS)
-    response = sampler.sample(PROMPTS, SamplingParams(max_tokens=12, num_samples=2, logprobs=0, seed=7))
-    features = [dict(sequence.new_input_feature) for sequence in response.sequences]
-    return features, [list(sequence.logprobs) for sequence in response.sequences]
+    return sampled_features()
 
 
 def _completion_logps(model: TransformersModel, features: list[dict[str, Any]], sampled: list[list[float]]) -> Any:
@@ -48,16 +50,6 @@ def _chosen_experts(model: TransformersModel) -> tuple[list[torch.Tensor], list[
     experts = [module for name, module in model.model.named_modules() if name.endswith("mlp.experts")]
     hooks = [module.register_forward_pre_hook(lambda _m, args: seen.append(args[1].clone())) for module in experts]
     return seen, hooks
-
-
-def _drifted(model: TransformersModel) -> TransformersModel:
-    """``model`` with its routers' weights perturbed, so that its own routing differs from the recorded one."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.model.named_parameters():
-            if name.endswith("mlp.gate.weight"):
-                param.add_(torch.randn(param.shape, generator=generator, dtype=param.dtype) * 0.5)
-    return model
 
 
 def test_trainer_logps_equal_the_samplers_with_replay(sampled):
@@ -75,7 +67,7 @@ def test_trainer_logps_equal_the_samplers_with_replay(sampled):
 
 def test_a_drifted_router_still_sends_tokens_to_the_recorded_experts(sampled):
     features, _ = sampled
-    model = _drifted(TransformersModel(MOE, device="cpu", **OPTIONS))
+    model = drifted(TransformersModel(MOE, device="cpu", **OPTIONS))
     seen, hooks = _chosen_experts(model)
     try:
         model.forward_only(inputs=features[:1])
@@ -95,7 +87,7 @@ def test_replayed_gradients_are_the_same_with_activation_checkpointing(sampled):
     features, _ = sampled
     grads = []
     for checkpointing in (False, True):  # drifted: a recomputation routed freely would differ from its forward
-        model = _drifted(TransformersModel(MOE, device="cpu", gradient_checkpointing=checkpointing, **OPTIONS))
+        model = drifted(TransformersModel(MOE, device="cpu", gradient_checkpointing=checkpointing, **OPTIONS))
         model.add_adapter_to_model("default", {"r": 4, "target_modules": ["q_proj", "v_proj"]}, seed=0)
         model.forward_backward(inputs=features)
         grads.append([param.grad.clone() for param in model.train_state(None).params])
@@ -120,3 +112,22 @@ def test_records_that_do_not_fit_the_model_are_refused(sampled):
         TransformersModel(device="cpu").forward_only(inputs=[feature])
     with pytest.raises(ConfigurationError, match="record_routing: Qwen3ForCausalLM has no softmax top-k MoE router"):
         TorchSampler(device="cpu", record_routing=True)
+
+
+def test_replay_under_ulysses_over_fsdp2_equals_one_process():
+    script = Path(__file__).parent / "router_replay_split.py"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1"]
+    completed = subprocess.run(
+        [*launcher, f"--master_port={free_port()}", str(script)],
+        env={**os.environ, **CPU_ONLY},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(next(line for line in completed.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    split, alone = result["split"], result["alone"]
+    print("losses, split over 2 ranks:", split["losses"], "alone:", alone["losses"])
+    assert split["losses"] == pytest.approx(alone["losses"], abs=1e-8)  # 3 steps: the gradients agree too
+    for ours, theirs in zip(split["logps"], alone["logps"], strict=True):
+        assert ours == pytest.approx(theirs, abs=1e-8)

@@ -153,14 +153,13 @@ class SequenceParallel:
         """
         input_ids_BT: torch.Tensor = inputs["input_ids"]
         rows, length = input_ids_BT.shape
-        padded = -(-length // self.size) * self.size
+        padded = self._padded(length)
         # The decoder makes its own (local) mask too, for forwards that are not split; the exchange's replaces it.
         position_ids_BT, attention_mask_BT = _pad(inputs["position_ids"], inputs.get("attention_mask"), padded)
         exchange = Exchange(self.group, self.size, _full_mask(position_ids_BT, attention_mask_BT))
-        share = slice(self.rank_in_group * padded // self.size, (self.rank_in_group + 1) * padded // self.size)
-        own_ids_BT = torch.nn.functional.pad(input_ids_BT, (0, padded - length))[:, share]
+        own_ids_BT = self.own_tokens(input_ids_BT, 0)
         router = {"output_router_logits": True} if inputs.get("output_router_logits") else {}
-        own_positions_BT = position_ids_BT[:, share]
+        own_positions_BT = self._share(position_ids_BT)
         output = decoder(
             input_ids=own_ids_BT, position_ids=own_positions_BT, use_cache=False, twinkle_ulysses=exchange, **router
         )
@@ -172,6 +171,21 @@ class SequenceParallel:
             for logits in output.router_logits
         ]
         return hidden_BTH, router_logits
+
+    def own_tokens(self, x_BT: torch.Tensor, fill: int) -> torch.Tensor:
+        """This rank's share of a per-token ``[B, T, ...]`` tensor, rows lengthened with ``fill`` like the decoder's."""
+        extra = self._padded(x_BT.shape[1]) - x_BT.shape[1]
+        if extra:
+            x_BT = torch.cat([x_BT, x_BT.new_full((x_BT.shape[0], extra, *x_BT.shape[2:]), fill)], dim=1)
+        return self._share(x_BT)
+
+    def _padded(self, length: int) -> int:
+        return -(-length // self.size) * self.size
+
+    def _share(self, x_BT: torch.Tensor) -> torch.Tensor:
+        """This rank's contiguous ``1/n`` of a tensor whose rows are already padded to a multiple of ``n``."""
+        width = x_BT.shape[1] // self.size
+        return x_BT[:, self.rank_in_group * width : (self.rank_in_group + 1) * width]
 
 
 def _gather_tokens(x_BTH: torch.Tensor, exchange: Exchange) -> torch.Tensor:

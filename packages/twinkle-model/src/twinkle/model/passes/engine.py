@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from twinkle.errors import InvalidInputError
+from twinkle.data_format import FREE_EXPERT
 from twinkle.model.parallel import Parallelism
 from twinkle.model.passes.logps import (
     TokenLogpsResult,
@@ -218,9 +218,9 @@ class PassEngine:
 
     def _replay(self, batch: dict[str, torch.Tensor]) -> AbstractContextManager[None]:
         """Router replay of the batch's recorded experts (features from a sampler that recorded them)."""
-        routed_BTLK = batch.get("routed_experts")
-        if routed_BTLK is not None and self.host.parallel.sequence is not None:
-            raise InvalidInputError("router replay (features with routed_experts) does not run with ulysses_size > 1")
+        routed_BTLK, sequence = batch.get("routed_experts"), self.host.parallel.sequence
+        if routed_BTLK is not None and sequence is not None:  # the routers see this rank's tokens only
+            routed_BTLK = sequence.own_tokens(routed_BTLK, FREE_EXPERT)
         return replay_routing(inner_model(self.host.model), routed_BTLK)
 
     def _on_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
