@@ -6,8 +6,14 @@
 - Torch runs on one intra-op thread: the embedded model's matrices are too small
   for threads to pay off, and on a busy two-core machine their synchronisation
   makes steps many times slower.
+- Hugging Face's ``kernels`` package (a dependency of transformers >= 5.25) is
+  imported before any test is collected. pytest's importlib mode names the
+  modules of ``kernels/tests/`` (twinkle-kernels' tests) ``kernels.tests.*``
+  and, finding no ``kernels`` module yet, registers an empty one under that
+  name, which transformers' ``from kernels import ...`` then fails on.
 """
 
+import importlib.metadata
 import importlib.util
 import os
 import tempfile
@@ -15,6 +21,13 @@ import tempfile
 import pytest
 
 os.environ.setdefault("TWINKLE_CACHE_DIR", tempfile.mkdtemp(prefix="twinkle-test-cache-"))
+
+try:
+    importlib.metadata.distribution("kernels")
+except importlib.metadata.PackageNotFoundError:
+    pass  # transformers < 5.25 does not use it
+else:
+    importlib.import_module("kernels")
 
 
 @pytest.fixture(scope="module", autouse=True)
