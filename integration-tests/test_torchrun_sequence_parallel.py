@@ -30,4 +30,4 @@ def test_ulysses_over_fsdp2_matches_one_process(tmp_path):
     resolve_dataset("builtin://self-cognition")
     knobs = {**KNOBS, "MODEL_ID": "builtin://qwen3-tiny", "ULYSSES_SIZE": "1"}
     output = compare_cookbook_runs(COOKBOOK, tmp_path, knobs, {"ULYSSES_SIZE": "2"}, compare_adapters=False)
-    assert "2 process(es), ulysses_size=2" in output, output[-2000:]
+    assert "2 process(es), fsdp_size=2, ulysses_size=2)" in output, output[-2000:]

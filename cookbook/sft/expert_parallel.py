@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import os
 
-from moe import run
+from moe import MODEL_ID, OUTPUT_DIR
 from peft import LoraConfig
-from self_cognition import WORLD_SIZE
+from self_cognition import WORLD_SIZE, train_on_mesh
 
 from twinkle import DeviceMesh
 
@@ -34,9 +34,11 @@ def main() -> None:
     attention_and_router = LoraConfig(
         r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], target_parameters=["gate.weight"]
     )
-    run(
+    train_on_mesh(
         mesh,
         title=f"MoE LoRA SFT, experts over {EP_SIZE} process(es)",
+        model_id=MODEL_ID,
+        output_dir=OUTPUT_DIR,
         lora_config=attention_and_router,
         gradient_checkpointing=GRADIENT_CHECKPOINTING,
         padding_free=PADDING_FREE,

@@ -148,6 +148,42 @@ def save_loss_curve(losses: list[float], path: str, title: str = "LoRA SFT on se
     plt.close()
 
 
+def train_on_mesh(
+    mesh: DeviceMesh,
+    title: str,
+    model_id: str = MODEL_ID,
+    output_dir: str = OUTPUT_DIR,
+    lora_config: Any = None,
+    padding_free: bool = False,
+    **model_options: Any,
+) -> None:
+    """This recipe in this process on ``mesh``, batches packed when ``padding_free``: the parallel cookbooks' loop.
+
+    Rank 0 writes the outputs and prints the figures, with the mesh's sizes.
+    """
+    twinkle.initialize(seed=42, global_device_mesh=mesh)
+    components = local_components()
+    dataloader = create_dataloader(components, model_id=model_id)
+    steps = EPOCHS * len(dataloader)
+    model = create_model(components, steps, model_id=model_id, lora_config=lora_config, **model_options)
+    model.set_processor("InputProcessor", padding_free=padding_free)
+    losses = train(model, dataloader, EPOCHS, MAX_STEPS)
+    checkpoint = model.save("last-checkpoint", output_dir=output_dir)
+    answers = ask(components, model, QUESTIONS, model_id=model_id)  # a collective: every rank generates
+    if not twinkle.is_master():
+        return
+    save_loss_curve(losses, os.path.join(output_dir, "loss.png"), title=title)
+    with open(os.path.join(output_dir, "loss.json"), "w") as handle:
+        json.dump(losses, handle)
+    sizes = ", ".join(f"{name}={size}" for name, size in mesh.to_dict().items() if name != "device_type" and size > 1)
+    print(
+        f"loss: first step {losses[0]:.3f} -> last step {losses[-1]:.3f} ({len(losses)} steps, "
+        f"{WORLD_SIZE} process(es){', ' + sizes if sizes else ''}); adapter saved to {checkpoint}"
+    )
+    for question, answer in zip(QUESTIONS, answers, strict=True):
+        print(f"Q: {question}\nA: {answer}")
+
+
 def main(components: Components) -> None:
     # The components (DataLoader, TransformersModel) default to this mesh; one process: a mesh of one rank.
     twinkle.initialize(seed=42, global_device_mesh=DeviceMesh.from_sizes(world_size=WORLD_SIZE, fsdp_size=FSDP_SIZE))
