@@ -6,6 +6,12 @@ modules, dropout, ``rank_pattern``/``alpha_pattern``, rsLoRA) and owns one
 exactly as PEFT resolves them, and the state dict uses PEFT's keys, so a saved
 adapter loads in plain ``peft`` and a PEFT adapter loads here.
 
+Parameters may be targets too (PEFT's ``target_parameters``, which its
+``"all-linear"`` fills in on transformers' MoE families): a MoE layer's fused
+experts get one pair per expert, its router weight one pair, served per row by
+``MultiLoraExperts`` / ``MultiLoraRouter``; they are named by the parameter's
+full name here and by PEFT's nested module names in saved files.
+
 The output layer (``lm_head``) may be a target, as in PEFT. When the model
 ties it to the input embedding, the adapter changes the output projection
 only: the shared weight stays frozen and the embedding lookup never sees the
@@ -15,6 +21,7 @@ LoRA update, which is what PEFT computes for a tied ``lm_head`` target
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Mapping
@@ -25,13 +32,16 @@ import torch
 from peft import LoraConfig, PeftConfig
 from peft.tuners.tuners_utils import check_target_module_exists
 from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers
 from torch import nn
 
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.module import (
+    ExpertLora,
     MultiLoraLinear,
     check_lora_config,
     inject_multi_lora,
+    parameter_keys,
     pattern_value,
     set_adapter_weights,
     split_lora_state_dict,
@@ -42,7 +52,6 @@ _UNSUPPORTED = {
     "layers_to_transform": "layers_to_transform",
     "layer_replication": "layer_replication",
     "use_qalora": "QA-LoRA",
-    "target_parameters": "target_parameters",
     "ensure_weight_tying": "ensure_weight_tying (LoRA on the tied input embedding too)",
 }
 _INITIALISATIONS = (True, "gaussian")
@@ -50,30 +59,41 @@ _INITIALISATIONS = (True, "gaussian")
 
 @dataclass
 class MultiLoraAdapter:
-    """One adapter's config and its trainable ``(A_RI, B_OR)`` pair per module name."""
+    """One adapter's config and its trainable ``(A, B)`` pair per target (module or parameter name).
+
+    ``peft_names`` gives a targeted parameter's name in PEFT's files (its
+    nested module name); a linear layer's is its own.
+    """
 
     config: LoraConfig
     weights: dict[str, tuple[nn.Parameter, nn.Parameter]]
     scaling: dict[str, float]
+    peft_names: dict[str, str]
 
     def parameters(self) -> list[nn.Parameter]:
         return [tensor for pair in self.weights.values() for tensor in pair]
 
-    @property
-    def max_rank(self) -> int:
-        return max(A_RI.shape[0] for A_RI, _ in self.weights.values())
-
     def state_dict(self) -> dict[str, torch.Tensor]:
         """PEFT-format tensors (views of the parameters: nothing is copied)."""
         return {
-            f"base_model.model.{module}.lora_{part}.weight": tensor
-            for module, (A_RI, B_OR) in self.weights.items()
-            for part, tensor in (("A", A_RI), ("B", B_OR))
+            f"base_model.model.{self.peft_names.get(target, target)}.lora_{part}.weight": tensor
+            for target, (A, B) in self.weights.items()
+            for part, tensor in (("A", A), ("B", B))
         }
+
+    def delta_weight(self, target: str, weight: torch.Tensor) -> torch.Tensor:
+        """The update this adapter adds to ``target``'s ``weight`` (fused experts: one per expert)."""
+        A, B = self.weights[target]
+        if weight.dim() == 3:
+            return ExpertLora.from_peft(A, B, weight.shape[0], self.scaling[target]).delta_weight()
+        return self.scaling[target] * (B @ A)
 
     def load_state_dict(self, name: str, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy PEFT-format tensors into the parameters; all are checked before any is changed."""
-        tensors, _ = split_lora_state_dict(name, self.config, state_dict)
+        targets = {peft_name: target for target, peft_name in self.peft_names.items()}
+        tensors = {
+            targets.get(m, m): pair for m, pair in split_lora_state_dict(name, self.config, state_dict)[0].items()
+        }
         if set(tensors) != set(self.weights):
             missing, extra = sorted(set(self.weights) - set(tensors)), sorted(set(tensors) - set(self.weights))
             raise ConfigurationError(f"adapter {name!r}: weights missing for {missing[:3]}, unexpected {extra[:3]}")
@@ -95,27 +115,59 @@ def create_adapter(model: Any, name: str, config: PeftConfig, max_rank: int) -> 
 
     ``model`` is a transformers model (typed Any: nn.Module's typing does not know ``get_input_embeddings``).
     """
-    config = check_config(name, config)
-    modules = target_module_names(model, config)
+    config = as_peft_resolves(model, check_config(name, config))
+    peft_names = {target: key for key, target in parameter_keys(model, config.target_parameters or ()).items()}
+    targets = target_module_names(model, config) + list(peft_names)
     base = model.get_input_embeddings().weight
     weights, scaling = {}, {}
-    for module_name in modules:
-        linear = model.get_submodule(module_name)
-        rank = int(pattern_value(config.rank_pattern or {}, module_name, config.r))
-        alpha = float(pattern_value(config.alpha_pattern or {}, module_name, config.lora_alpha))
+    for target in targets:
+        rank = int(pattern_value(config.rank_pattern or {}, target, config.r))
+        alpha = float(pattern_value(config.alpha_pattern or {}, target, config.lora_alpha))
         if rank < 1 or rank > max_rank:
-            raise ConfigurationError(f"adapter {name!r}: rank {rank} of {module_name} is outside 1..{max_rank}")
-        A_RI = torch.empty(rank, linear.in_features, device=base.device, dtype=base.dtype)
-        B_OR = torch.zeros(linear.out_features, rank, device=base.device, dtype=base.dtype)
+            raise ConfigurationError(f"adapter {name!r}: rank {rank} of {target} is outside 1..{max_rank}")
+        experts, out_features, in_features = _lora_shape(model, target)
+        A = torch.empty(rank * experts, in_features, device=base.device, dtype=base.dtype)
+        B = torch.zeros(out_features, rank * experts, device=base.device, dtype=base.dtype)
         if config.init_lora_weights == "gaussian":
-            nn.init.normal_(A_RI, std=1 / rank)
+            nn.init.normal_(A, std=1 / rank)
         else:
-            nn.init.kaiming_uniform_(A_RI, a=math.sqrt(5))
-        weights[module_name] = (nn.Parameter(A_RI), nn.Parameter(B_OR))
-        scaling[module_name] = alpha / math.sqrt(rank) if config.use_rslora else alpha / rank
-    inject_multi_lora(model, modules)
+            nn.init.kaiming_uniform_(A, a=math.sqrt(5))
+        weights[target] = (nn.Parameter(A), nn.Parameter(B))
+        scaling[target] = alpha / math.sqrt(rank) if config.use_rslora else alpha / rank
+    inject_multi_lora(model, targets)
     set_adapter_weights(model, name, weights, scaling, dropout=config.lora_dropout)
-    return MultiLoraAdapter(config, weights, scaling)
+    return MultiLoraAdapter(config, weights, scaling, peft_names)
+
+
+def _lora_shape(model: Any, target: str) -> tuple[int, int, int]:
+    """``(experts, out_features, in_features)`` of a targeted linear layer (1 expert) or parameter."""
+    module = model.get_submodule(target) if target in dict(model.named_modules()) else None
+    if module is not None:
+        return 1, module.out_features, module.in_features
+    weight = model.get_parameter(target)
+    return (1, *weight.shape) if weight.dim() == 2 else tuple(weight.shape)
+
+
+def as_peft_resolves(model: Any, config: LoraConfig) -> LoraConfig:
+    """``config`` as PEFT turns it for this model: on transformers' MoE families ``"all-linear"`` (or the
+    v4 expert names) also targets the fused experts and the router, a fused ``gate_up_proj`` with twice
+    the rank and alpha. Saved, the result loads in PEFT with the same targets."""
+    converted = copy.deepcopy(config)
+    convert_peft_config_for_transformers(converted, model=model, conversions=None)
+    if not converted.target_parameters:
+        return config
+    resolved = copy.deepcopy(config)
+    resolved.target_parameters = sorted(converted.target_parameters)
+    resolved.rank_pattern, resolved.alpha_pattern = converted.rank_pattern, converted.alpha_pattern
+    if isinstance(config.target_modules, str) and isinstance(converted.target_modules, set):
+        # PEFT resolved the string over nn.Linear layers; those already MultiLoraLinear (another adapter's
+        # targets) it could not see, and keeps as it keeps their kind.
+        names = target_module_names(model, config)
+        injected = {name.rsplit(".", 1)[-1] for name in names if isinstance(model.get_submodule(name), MultiLoraLinear)}
+        resolved.target_modules = sorted(converted.target_modules | injected)
+    else:
+        resolved.target_modules = converted.target_modules
+    return resolved
 
 
 def check_config(name: str, config: PeftConfig) -> LoraConfig:

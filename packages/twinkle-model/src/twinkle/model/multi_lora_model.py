@@ -160,7 +160,7 @@ class MultiLoraModel(TrainingModel):
         for key, tensor in weights.items():
             keys_by_tensor.setdefault(tensor.data_ptr(), []).append(key)
         for module in adapter.weights:
-            tied = keys_by_tensor[weights[f"{module}.weight"].data_ptr()]
+            tied = keys_by_tensor[weights[_weight_key(module, weights)].data_ptr()]
             if len(tied) > 1:
                 raise ConfigurationError(
                     f"adapter {name!r} adapts {module}, whose weight is tied ({', '.join(tied)}): merged, the "
@@ -176,10 +176,10 @@ class MultiLoraModel(TrainingModel):
                 if tensor.data_ptr() in seen:  # tied weights go once
                     continue
                 seen.add(tensor.data_ptr())
-                module = key.removesuffix(".weight")
-                if key.endswith(".weight") and module in adapter.weights:
-                    A_RI, B_OR = adapter.weights[module]
-                    yield key, tensor + adapter.scaling[module] * (B_OR @ A_RI)
+                # A linear layer's target is its module, an adapted parameter's the parameter itself.
+                target = key if key in adapter.weights else key.removesuffix(".weight")
+                if target in adapter.weights and _weight_key(target, weights) == key:
+                    yield key, tensor + adapter.delta_weight(target, tensor)
                 else:
                     yield key, tensor
 
@@ -198,6 +198,11 @@ class MultiLoraModel(TrainingModel):
 
     def load_adapter_weights(self, adapter_name: str, directory: Path) -> None:
         self._adapters[adapter_name].load_state_dict(adapter_name, read_adapter_dir(directory)[1])
+
+
+def _weight_key(target: str, weights: Mapping[str, torch.Tensor]) -> str:
+    """The state-dict key of what ``target`` adapts: a parameter's own name, or a linear layer's ``.weight``."""
+    return target if target in weights else f"{target}.weight"
 
 
 def _adapter_name(request: Any) -> str | None:

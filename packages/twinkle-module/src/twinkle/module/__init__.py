@@ -4,6 +4,8 @@ from twinkle.module.logps import LowRankTerm, TokenLogps, chunked_token_logps, l
 from twinkle.module.lora_format import (
     ADAPTER_CONFIG,
     check_lora_config,
+    lora_targets,
+    parameter_keys,
     pattern_value,
     read_adapter_dir,
     split_lora_state_dict,
@@ -21,6 +23,14 @@ from twinkle.module.multi_lora import (
     remove_adapter,
     set_adapter_weights,
 )
+from twinkle.module.multi_lora_params import (
+    ExpertLora,
+    MultiLoraExperts,
+    MultiLoraRouter,
+    RouterLora,
+    is_fused_experts,
+    parameter_lora_modules,
+)
 from twinkle.module.optimizer import build_optimizer, optimizer_class
 from twinkle.module.routing import RoutingRecord, record_routing, replay_routing, topk_routers
 from twinkle.module.scheduler import (
@@ -34,10 +44,14 @@ __all__ = [
     "ADAPTER_CONFIG",
     "ConstantScheduler",
     "CosineWarmupScheduler",
+    "ExpertLora",
     "LinearWarmupScheduler",
     "LoraWeights",
     "LowRankTerm",
+    "MultiLoraExperts",
     "MultiLoraLinear",
+    "MultiLoraRouter",
+    "RouterLora",
     "RoutingRecord",
     "RowRouting",
     "TokenLogps",
@@ -48,9 +62,13 @@ __all__ = [
     "chunked_token_logps",
     "default_scheduler",
     "inject_multi_lora",
+    "is_fused_experts",
     "logps_dtype",
+    "lora_targets",
     "multi_lora_modules",
     "optimizer_class",
+    "parameter_keys",
+    "parameter_lora_modules",
     "pattern_value",
     "per_token",
     "read_adapter_dir",

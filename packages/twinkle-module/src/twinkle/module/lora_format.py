@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +50,16 @@ def check_lora_config(name: str, config: Any) -> None:
 
 
 def split_lora_state_dict(
-    name: str, config: Any, state_dict: Mapping[str, torch.Tensor]
+    name: str, config: Any, state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module | None = None
 ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, float]]:
     """``{module: (A_RI, B_OR)}`` and ``{module: scaling}`` from a PEFT-format LoRA state dict.
 
     Ranks come from the tensors (so ``rank_pattern`` needs no special case);
     ``lora_alpha`` is looked up per module through ``alpha_pattern`` like PEFT
     does, and ``use_rslora`` scales by ``alpha / sqrt(r)`` instead of ``alpha / r``.
+    Given the ``model``, the pairs of ``target_parameters`` are keyed by the
+    parameter's full name (:func:`lora_targets`), and a fused experts tensor's
+    rank is per expert (``A [r·E, in]``), as PEFT counts it.
     """
     check_lora_config(name, config)
     parts: dict[str, dict[str, torch.Tensor]] = {}
@@ -75,14 +78,26 @@ def split_lora_state_dict(
     tensors, scaling = {}, {}
     alpha, alpha_pattern = config_option(config, "lora_alpha", 8), config_option(config, "alpha_pattern", {})
     rslora = bool(config_option(config, "use_rslora", False))
+    targets = lora_targets(model, config, parts) if model is not None else {module: module for module in parts}
     for module, pair in parts.items():
         if set(pair) != {"A", "B"}:
             raise ConfigurationError(f"adapter {name!r}: {module} has lora_{next(iter(pair))} but not its partner")
-        rank = pair["A"].shape[0]
-        module_alpha = pattern_value(alpha_pattern, module, alpha)
-        tensors[module] = (pair["A"], pair["B"])
-        scaling[module] = module_alpha / math.sqrt(rank) if rslora else module_alpha / rank
+        target = targets[module]
+        rank = (
+            pair["A"].shape[0] // _experts(model, target)
+            if model is not None and target != module
+            else pair["A"].shape[0]
+        )
+        module_alpha = pattern_value(alpha_pattern, target, alpha)
+        tensors[target] = (pair["A"], pair["B"])
+        scaling[target] = module_alpha / math.sqrt(rank) if rslora else module_alpha / rank
     return tensors, scaling
+
+
+def _experts(model: torch.nn.Module, parameter: str) -> int:
+    """How many experts a LoRA pair on ``parameter`` spans (1 unless it is a fused ``[E, out, in]`` tensor)."""
+    weight = model.get_parameter(parameter)
+    return int(weight.shape[0]) if weight.dim() == 3 else 1
 
 
 def pattern_value(patterns: Mapping[str, Any], module: str, default: Any) -> Any:
@@ -121,3 +136,32 @@ def write_adapter_dir(directory: Path, config: Any, state_dict: Mapping[str, tor
         (directory / ADAPTER_CONFIG).write_text(json.dumps(dict(config), indent=2))
     tensors = {key: tensor.detach().contiguous().cpu() for key, tensor in state_dict.items()}
     save_file(tensors, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+
+
+def parameter_keys(model: torch.nn.Module, target_parameters: Iterable[str]) -> dict[str, str]:
+    """PEFT's state-dict module name for each parameter ``target_parameters`` selects, to the parameter's full name.
+
+    PEFT wraps one module once per targeted parameter, in the order the module
+    defines them, the first innermost: with both of a MoE layer's expert
+    tensors targeted, ``gate_up_proj``'s pair is saved under
+    ``...experts.base_layer.lora_A`` and ``down_proj``'s under ``...experts.lora_A``.
+    A target matches a parameter's full name or a dotted suffix of it.
+    """
+    targets = set(target_parameters)
+    keys: dict[str, str] = {}
+    for module_name, module in model.named_modules():
+        full_names = [(param, f"{module_name}.{param}") for param, _ in module.named_parameters(recurse=False)]
+        chosen = [param for param, full in full_names if any(full == t or full.endswith(f".{t}") for t in targets)]
+        for depth, param in enumerate(chosen):
+            keys[module_name + ".base_layer" * (len(chosen) - 1 - depth)] = f"{module_name}.{param}"
+    return keys
+
+
+def lora_targets(model: torch.nn.Module, config: Any, modules: Iterable[str]) -> dict[str, str]:
+    """Each module name of a PEFT state dict (:func:`split_lora_state_dict`'s keys) to what it adapts in ``model``.
+
+    A linear layer is named as itself; a parameter of ``config``'s
+    ``target_parameters`` by its full name (see :func:`parameter_keys`).
+    """
+    keys = parameter_keys(model, config_option(config, "target_parameters", ()) or ())
+    return {module: keys.get(module, module) for module in modules}

@@ -25,12 +25,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
 
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.module.logps import LowRankTerm
+from twinkle.module.multi_lora_params import parameter_lora_layer, parameter_lora_modules
 
 
 @dataclass
@@ -202,12 +204,17 @@ def inject_multi_lora(model: nn.Module, target_modules: Sequence[str] | str) -> 
     ``target_modules`` is a list of name suffixes (``['q_proj', 'v_proj']``
     matches ``model.layers.0.self_attn.q_proj``; a dotted entry matches a
     longer suffix) or one regular expression matched against the whole name,
-    as in PEFT. Base weights are frozen: only adapters are meant to train.
+    as in PEFT. A list entry that is the full name of a parameter
+    (``model.layers.0.mlp.experts.gate_up_proj``, PEFT's ``target_parameters``)
+    wraps the module holding it in a :class:`~twinkle.module.MultiLoraExperts`
+    (fused MoE experts) or :class:`~twinkle.module.MultiLoraRouter` (a router's
+    2-D weight). Base weights are frozen: only adapters are meant to train.
     Already injected modules are kept as they are, so calling it again (say,
     for a new adapter's targets) is safe. Returns the names of every matching
-    module, injected now or before.
+    module or parameter, injected now or before.
     """
     targets = target_modules if isinstance(target_modules, str) else frozenset(target_modules)
+    parameters = [] if isinstance(targets, str) else sorted(name for name in targets if _is_parameter(model, name))
     matched = []
     for name, module in list(model.named_modules()):
         if not _matches(name, targets) or not isinstance(module, (nn.Linear, MultiLoraLinear)):
@@ -216,11 +223,33 @@ def inject_multi_lora(model: nn.Module, target_modules: Sequence[str] | str) -> 
         if isinstance(module, MultiLoraLinear):
             continue
         module.requires_grad_(False)
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, MultiLoraLinear(module))
+        _replace(model, name, MultiLoraLinear(module))
+    for name in parameters:
+        owner_name, _, param = name.rpartition(".")
+        owner = model.get_submodule(owner_name)
+        layer = parameter_lora_layer(owner, param)
+        if not isinstance(owner, layer):
+            owner.requires_grad_(False)
+            _replace(model, owner_name, layer(owner))
+        matched.append(name)
     if not matched:
         raise ConfigurationError(f"target_modules {target_modules!r} match no nn.Linear of {type(model).__name__}")
     return matched
+
+
+def _is_parameter(model: nn.Module, name: str) -> bool:
+    """``name`` is the full name of a parameter held by a module other than a linear layer."""
+    owner_name, _, param = name.rpartition(".")
+    try:
+        owner = model.get_submodule(owner_name)
+    except AttributeError:
+        return False
+    return not isinstance(owner, (nn.Linear, MultiLoraLinear)) and param in dict(owner.named_parameters(recurse=False))
+
+
+def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name), child, module)
 
 
 def _matches(name: str, targets: frozenset[str] | str) -> bool:
@@ -244,39 +273,53 @@ def set_adapter_weights(
     alphas may vary by module); ``dropout`` is the adapter's input dropout
     probability in training mode. Tensors already on the base weight's device
     and dtype are used as they are, so a trainer's parameters get gradients.
-    Every module must already be a
-    :class:`MultiLoraLinear` (see :func:`inject_multi_lora`); nothing changes if
-    any entry is invalid.
+    A key may also be a parameter's full name (see :func:`inject_multi_lora`),
+    with PEFT's layout for it: fused experts ``[E, out, in]`` take
+    ``A [r·E, in]`` and ``B [out, r·E]``. Every module must already be
+    injected; nothing changes if any entry is invalid.
     """
     if not isinstance(name, str) or not name:
         raise InvalidInputError(f"adapter name must be a non-empty string, got {name!r}")
     if not tensors_by_module:
         raise InvalidInputError(f"adapter {name!r} has no tensors")
     modules = multi_lora_modules(model)
-    missing = sorted(set(tensors_by_module) - set(modules))
+    parameter_layers = dict(parameter_lora_modules(model))
+    missing = sorted(
+        key for key in tensors_by_module if key not in modules and key.rpartition(".")[0] not in parameter_layers
+    )
     if missing:
         raise ConfigurationError(
-            f"adapter {name!r} targets {missing[:3]}, which are not MultiLoraLinear modules; "
-            "call inject_multi_lora(model, target_modules) first"
+            f"adapter {name!r} targets {missing[:3]}, which are not MultiLoraLinear modules or adapted "
+            "parameters; call inject_multi_lora(model, target_modules) first"
         )
     if isinstance(scaling, Mapping):
         unscaled = sorted(set(tensors_by_module) - set(scaling))
         if unscaled:
             raise InvalidInputError(f"adapter {name!r}: no scaling for modules {unscaled[:3]}")
-    staged = []  # validate every entry before touching the model
-    for module_name, (A_RI, B_OR) in tensors_by_module.items():
-        module = modules[module_name]
-        module_scaling = scaling[module_name] if isinstance(scaling, Mapping) else scaling
-        staged.append((module, module.checked_weights(name, A_RI, B_OR, module_scaling, dropout)))
+    staged_linear, staged_parameters = [], []  # validate every entry before touching the model
+    for key, (A_RI, B_OR) in tensors_by_module.items():
+        key_scaling = scaling[key] if isinstance(scaling, Mapping) else scaling
+        if key in modules:
+            staged_linear.append((modules[key], modules[key].checked_weights(name, A_RI, B_OR, key_scaling, dropout)))
+            continue
+        if dropout:
+            raise ConfigurationError(
+                f"adapter {name!r}: lora_dropout must be 0 with LoRA on parameters ({key}), as in PEFT"
+            )
+        owner_name, _, param = key.rpartition(".")
+        layer = parameter_layers[owner_name]
+        staged_parameters.append((layer, param, layer.checked_weights(name, param, A_RI, B_OR, key_scaling)))
     remove_adapter(model, name, missing_ok=True)
-    for module, lora in staged:
+    for module, lora in staged_linear:
         module.adapters[name] = lora
+    for layer, param, parameter_lora in staged_parameters:
+        layer.adapters.setdefault(name, {})[param] = parameter_lora
 
 
 def remove_adapter(model: nn.Module, name: str, missing_ok: bool = False) -> None:
     """Drop adapter ``name`` from every layer, releasing its tensors (unless the caller still holds them)."""
     found = False
-    for module in multi_lora_modules(model).values():
+    for module in _lora_layers(model):
         found = module.adapters.pop(name, None) is not None or found
     if not found and not missing_ok:
         raise InvalidInputError(f"unknown adapter {name!r}; adapters: {adapter_names(model)}")
@@ -284,7 +327,12 @@ def remove_adapter(model: nn.Module, name: str, missing_ok: bool = False) -> Non
 
 def adapter_names(model: nn.Module) -> list[str]:
     """Names of the adapters installed on any layer of ``model``, sorted."""
-    return sorted({name for module in multi_lora_modules(model).values() for name in module.adapters})
+    return sorted({name for module in _lora_layers(model) for name in module.adapters})
+
+
+def _lora_layers(model: nn.Module) -> list[Any]:
+    """Every layer of ``model`` that holds adapters: linear layers and adapted parameters."""
+    return [*multi_lora_modules(model).values(), *(layer for _, layer in parameter_lora_modules(model))]
 
 
 @contextmanager
@@ -294,12 +342,12 @@ def adapter_rows(model: nn.Module, row_adapters: Sequence[str | None]) -> Iterat
     Nested blocks restore the outer assignment on exit. Unknown adapter names
     are rejected up front, before any forward runs.
     """
-    modules = list(multi_lora_modules(model).values())
+    modules = _lora_layers(model)
     known = {name for module in modules for name in module.adapters}
     unknown = sorted({name for name in row_adapters if name is not None and name not in known})
     if unknown:
         raise InvalidInputError(f"unknown adapter(s) {unknown}; adapters: {sorted(known)}")
-    device = modules[0].weight.device if modules else torch.device("cpu")
+    device = next(modules[0].parameters()).device if modules else torch.device("cpu")
     routing = _routing(row_adapters, device)
     previous = [module.routing for module in modules]
     for module in modules:

@@ -25,6 +25,7 @@ from twinkle.module import (
     MultiLoraLinear,
     adapter_names,
     inject_multi_lora,
+    lora_targets,
     read_adapter_dir,
     remove_adapter,
     set_adapter_weights,
@@ -102,9 +103,14 @@ class TorchSampler(Sampler):
         that goes on updating its adapter in place does not change what this
         sampler samples until the next :meth:`add_adapter`.
         """
-        tensors, scaling = split_lora_state_dict(name, config, state_dict)
+        targets = lora_targets(self.model, config, split_lora_state_dict(name, config, state_dict)[0])
+        tensors, scaling = split_lora_state_dict(name, config, state_dict, self.model)
         modules = dict(self.model.named_modules())
-        unknown = [m for m in tensors if not isinstance(modules.get(m), (torch.nn.Linear, MultiLoraLinear))]
+        unknown = [  # PEFT names an adapted parameter by its module (targets: the parameter's full name)
+            module
+            for module, target in targets.items()
+            if target == module and not isinstance(modules.get(module), (torch.nn.Linear, MultiLoraLinear))
+        ]
         if unknown:
             raise ConfigurationError(
                 f"adapter {name!r} targets {unknown[:3]}, which are not linear layers of {self.model_path}"
@@ -112,7 +118,7 @@ class TorchSampler(Sampler):
         inject_multi_lora(self.model, list(tensors))
         weight = self.model.get_input_embeddings().weight
         like = {"device": weight.device, "dtype": weight.dtype, "copy": True}
-        snapshot = {module: (A.detach().to(**like), B.detach().to(**like)) for module, (A, B) in tensors.items()}
+        snapshot = {target: (A.detach().to(**like), B.detach().to(**like)) for target, (A, B) in tensors.items()}
         set_adapter_weights(self.model, name, snapshot, scaling)
         rekernelize(self.model)  # layers injected for this adapter get kernels too
 
