@@ -4,7 +4,8 @@ For ``builtin://llama-tiny``, ``qwen2-tiny``, ``qwen3-moe-tiny`` and ``glm4-tiny
 loss and the saved adapter loads in plain transformers + PEFT with the trainer's logits; a full-parameter
 step saves a directory plain transformers loads with the same logits; ``MultiLoraModel`` trains two
 adapters in one pass and its saved adapter loads in PEFT too; ``TorchSampler`` reports the log-probs the
-trainer computes for what it sampled. Everything runs in float64: the mixture-of-experts router picks its
+trainer computes for what it sampled. "all-linear" adapts every linear layer but the output layer, and on
+the MoE family, as PEFT resolves it there, each layer's fused experts and its router too. Everything runs in float64: the mixture-of-experts router picks its
 top-2 experts per token, and float32 round-off that differs between two correct implementations could flip
 a near tie and change a logit by far more than any tolerance, on some CPUs and not others.
 """
@@ -71,12 +72,6 @@ def _options(model_id: str) -> dict[str, Any]:
     return {"dtype": DTYPE, **({"experts_implementation": "eager"} if "moe" in model_id else {})}
 
 
-def _targets(model_id: str) -> str | list[str]:
-    """Every linear layer; on MoE the attention's (PEFT's "all-linear" there also adapts the 3-D expert
-    tensors and the router, which samplers cannot serve yet)."""
-    return ["q_proj", "k_proj", "v_proj", "o_proj"] if "moe" in model_id else "all-linear"
-
-
 def _plain(model_id: str) -> Any:
     return AutoModelForCausalLM.from_pretrained(resolve_model(model_id), **_options(model_id))
 
@@ -84,7 +79,7 @@ def _plain(model_id: str) -> Any:
 def test_lora_sft_lowers_the_loss_the_adapter_loads_in_peft_and_samples_trainer_logprobs(family, tmp_path: Path):
     model_id, features = family
     model = TransformersModel(model_id, device="cpu", **_options(model_id))
-    config = LoraConfig(r=8, lora_alpha=16, target_modules=_targets(model_id))
+    config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear")
     model.add_adapter_to_model("default", config, seed=0)
     model.set_optimizer("AdamW", lr=2e-2)
     losses = []
@@ -125,7 +120,7 @@ def test_a_full_parameter_step_saves_what_plain_transformers_loads(family, tmp_p
 def test_multi_lora_trains_two_adapters_in_one_pass_and_each_loads_in_peft(family, tmp_path: Path):
     model_id, features = family
     model = MultiLoraModel(model_id, device="cpu", **_options(model_id))
-    model.add_adapter_to_model("a", LoraConfig(r=4, lora_alpha=8, target_modules=_targets(model_id)), seed=1)
+    model.add_adapter_to_model("a", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"), seed=1)
     model.add_adapter_to_model("b", LoraConfig(r=2, lora_alpha=2, target_modules=["q_proj", "v_proj"]), seed=2)
     for name in ("a", "b"):
         model.set_optimizer("AdamW", lr=1e-2, adapter_name=name)

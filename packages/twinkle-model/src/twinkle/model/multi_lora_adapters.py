@@ -42,6 +42,7 @@ from twinkle.module import (
     check_lora_config,
     inject_multi_lora,
     parameter_keys,
+    parameter_lora_layer,
     pattern_value,
     set_adapter_weights,
     split_lora_state_dict,
@@ -144,6 +145,8 @@ def _lora_shape(model: Any, target: str) -> tuple[int, int, int]:
     module = model.get_submodule(target) if target in dict(model.named_modules()) else None
     if module is not None:
         return 1, module.out_features, module.in_features
+    owner, _, param = target.rpartition(".")
+    parameter_lora_layer(model.get_submodule(owner), param)  # refuses what no layer can adapt, by name
     weight = model.get_parameter(target)
     return (1, *weight.shape) if weight.dim() == 2 else tuple(weight.shape)
 
@@ -210,6 +213,6 @@ def target_module_names(model: Any, config: LoraConfig) -> list[str]:
         )
     else:
         names = [name for name in linears if check_target_module_exists(config, name)]
-    if not names:
+    if not names and not config.target_parameters:
         raise ConfigurationError(f"target_modules {targets!r} match no linear layer of {type(model).__name__}")
     return names

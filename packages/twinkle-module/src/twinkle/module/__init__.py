@@ -29,6 +29,7 @@ from twinkle.module.multi_lora_params import (
     MultiLoraRouter,
     RouterLora,
     is_fused_experts,
+    parameter_lora_layer,
     parameter_lora_modules,
 )
 from twinkle.module.optimizer import build_optimizer, optimizer_class
@@ -68,6 +69,7 @@ __all__ = [
     "multi_lora_modules",
     "optimizer_class",
     "parameter_keys",
+    "parameter_lora_layer",
     "parameter_lora_modules",
     "pattern_value",
     "per_token",
