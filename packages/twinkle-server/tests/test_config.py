@@ -182,10 +182,26 @@ def test_model_options_reach_the_models_the_server_builds(tmp_path):
     from twinkle.server.services.pool import ModelPool
 
     config = load_config(_write(tmp_path, "gradient_checkpointing: true\nkernels: true\n"))
-    assert config.model_options == {"gradient_checkpointing": True, "kernels": True}
+    assert config.model_options == {"gradient_checkpointing": True, "kernels": True, "record_routing": False}
     pool = ModelPool(config.model_id, 2, 8, "cpu", config.model_options)
     assert pool.model.model.is_activation_checkpointing
     report = get_kernel_report(pool.model.model)
     assert report is not None and {entry.target for entry in report.entries} >= {"Qwen3RMSNorm", "output_logps"}
     with pytest.raises(ConfigurationError, match="kernels"):
         load_config(_write(tmp_path, "kernels: triton\n", "bad.yaml"))
+
+
+def test_record_routing_reaches_the_samplers_and_needs_a_moe_model(tmp_path):
+    from twinkle.server.services.pool import ModelPool
+
+    config = load_config(_write(tmp_path, "model_id: builtin://qwen3-moe-tiny\nrecord_routing: true\n"))
+    pool = ModelPool(config.model_id, 2, 8, "cpu", config.model_options)
+    assert pool.routing == (4, 2, 8)  # MoE layers, experts per token, experts: what records are checked against
+    feature = pool.sample(None, {"input_ids": [151644, 872]}, {"max_tokens": 1}, None).sequences[0].new_input_feature
+    assert feature is not None and len(feature["routed_experts"]) == len(feature["input_ids"]) == 3
+    assert "record_routing" not in pool.options  # the trainer replays what features carry; it records nothing
+    with pytest.raises(ConfigurationError, match=r"record_routing: Qwen3ForCausalLM \(.*\) has no softmax top-k"):
+        ModelPool("builtin://qwen3-tiny", 2, 8, "cpu", {"record_routing": True})
+    assert check_config(_write(tmp_path, "record_routing: sometimes\n", "bad.yaml")) == [
+        "record_routing: expected bool, got str ('sometimes')"
+    ]

@@ -65,3 +65,17 @@ def test_run_bodies_refuse_unknown_fields_and_keep_lora_arguments_as_sent():
     with pytest.raises(InvalidInputError, match="sedd") as caught:
         validate(CreateRun, {"session_id": "s", "sedd": 1})
     assert caught.value.field == "sedd"
+
+
+def test_routing_records_are_checked_against_the_served_models_routing():
+    feature = {"input_ids": [1, 2], "routed_experts": [[[0, 1]] * 4, [[-1, -1]] * 4]}
+    body = {"method": "forward_backward", "kwargs": {"inputs": [feature]}}
+    assert validate(CallRequest, body, {**LIMITS, "routing": (4, 2, 8)}).arguments()["inputs"] == [feature]
+    refusals = {
+        None: "inputs\\[0\\].routed_experts was given, but the server's model has no MoE router to replay it on",
+        (4, 1, 8): "records 4 layer\\(s\\) x top-2; the server's model has 4 MoE layer\\(s\\) x top-1",
+        (4, 2, 1): "holds expert id 1; the server's model has 1 experts",
+    }
+    for routing, message in refusals.items():
+        with pytest.raises(InvalidInputError, match=message):
+            validate(CallRequest, body, {**LIMITS, "routing": routing})

@@ -66,6 +66,9 @@ class ServerConfig:
     # family's Triton / NPU kernels, where the device runs them): TrainingModel's arguments of the same names.
     gradient_checkpointing: bool = False
     kernels: bool = False
+    # MoE models: every sampler records each token's experts (``TorchSampler(record_routing=True)``), returned in
+    # completions' ``new_input_feature["routed_experts"]``, which training calls replay (router replay).
+    record_routing: bool = False
     # Token budget of one shared training pass: the scheduler batches tenants' forward_backward calls
     # together up to this many input tokens (a single call bigger than it still runs, alone). 0 never
     # batches tenants together: every pass trains one request (for comparison, or strict isolation).
@@ -99,8 +102,12 @@ class ServerConfig:
 
     @property
     def model_options(self) -> dict[str, bool]:
-        """What every model (and, for kernels, every sampler) the server builds is built with."""
-        return {"gradient_checkpointing": self.gradient_checkpointing, "kernels": self.kernels}
+        """What every model and sampler the server builds is built with (``ModelPool`` gives each its own)."""
+        return {
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "kernels": self.kernels,
+            "record_routing": self.record_routing,
+        }
 
     def quotas_for(self, user: str) -> Quotas:
         """The server-wide defaults with ``user``'s overrides applied; a rank quota never exceeds ``max_rank``."""
@@ -137,6 +144,7 @@ _TOP: dict[str, type] = {
     "max_rank": int,
     "gradient_checkpointing": bool,
     "kernels": bool,
+    "record_routing": bool,
     "max_tokens_per_pass": int,
     "cycle_wait_s": float,
     "session_timeout_s": float,

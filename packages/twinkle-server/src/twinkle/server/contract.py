@@ -33,9 +33,9 @@ _WIRE_REPLIES = "x-wire-replies"  # marks an operation for install_openapi, whic
 
 
 def validation_context(request: Request) -> dict[str, Any]:
-    """What bodies are checked against: the served model's vocabulary and context length."""
+    """What bodies are checked against: the served model's vocabulary, context length and MoE routing."""
     engine = request.app.state.server.engine
-    return {"vocab_size": engine.vocab_size, "max_length": engine.max_length}
+    return {"vocab_size": engine.vocab_size, "max_length": engine.max_length, "routing": engine.routing}
 
 
 def validate(model: type[ModelT], body: Any, context: Mapping[str, Any] | None = None) -> ModelT:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from twinkle.model import PassRequest
-from twinkle.server.services.pool import ModelPool
+from twinkle.server.services.pool import ModelPool, RoutingShape
 from twinkle.server.services.scheduler import Job, Scheduler
 
 OnDone = Callable[[Any, BaseException | None], None]
@@ -57,6 +57,7 @@ class Engine(Protocol):
     vocab_size: int
     model_path: str
     model_type: str
+    routing: RoutingShape | None  # the model's MoE routing, which ``routed_experts`` must fit; None: not MoE
 
     @property
     def resident_count(self) -> int: ...
@@ -109,7 +110,7 @@ class LocalEngine:
         self.pool, self.scheduler = pool, scheduler
         self.max_rank, self.max_loras, self.max_length = pool.max_rank, pool.max_loras, pool.max_length
         self.vocab_size, self.model_path = pool.model.vocab_size, pool.model_path
-        self.model_type = pool.model.model.config.model_type
+        self.model_type, self.routing = pool.model.model.config.model_type, pool.routing
 
     @property
     def resident_count(self) -> int:

@@ -20,9 +20,9 @@ from peft import LoraConfig
 
 from twinkle.checkpoint_engine import CheckpointEngineManager
 from twinkle.data_format import SampleResponse, SamplingParams
-from twinkle.errors import InvalidInputError
+from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.model import AdapterResult, MultiLoraModel, PassRequest, TransformersModel
-from twinkle.module import adapter_names
+from twinkle.module import adapter_names, topk_routers
 from twinkle.registry import build
 from twinkle.sampler import TorchSampler
 
@@ -40,6 +40,11 @@ SHORT_METHODS = frozenset(
         "calculate_metric",
     }
 )
+# Which of ``ServerConfig.model_options`` each kind of model the pool builds takes.
+TRAINER_OPTIONS = ("gradient_checkpointing", "kernels")
+SAMPLER_OPTIONS = ("kernels", "record_routing")
+# A MoE model's routing: (MoE layers, experts per token, experts); what ``routed_experts`` records must fit.
+RoutingShape = tuple[int, int, int]
 
 
 class ModelPool:
@@ -54,10 +59,17 @@ class ModelPool:
         model_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.device = device
-        # gradient_checkpointing and kernels (ServerConfig.model_options), for every model built here
-        self.options = dict(model_options or {})
+        options = dict(model_options or {})  # ServerConfig.model_options, for every model and sampler built here
+        self.options = {name: options[name] for name in TRAINER_OPTIONS if name in options}
+        self.sampler_options = {name: options[name] for name in SAMPLER_OPTIONS if name in options}
         self.model = MultiLoraModel(model_id, max_loras=max_loras, max_rank=max_rank, device=device, **self.options)
         self.model_path = self.model.model_path
+        self.routing = routing_shape(self.model.model)
+        if self.sampler_options.get("record_routing") and self.routing is None:
+            raise ConfigurationError(
+                f"record_routing: {type(self.model.model).__name__} ({self.model_path}) has no softmax top-k MoE "
+                "router whose routing could be recorded; set it only for a MoE model"
+            )
         self._private: dict[str, TransformersModel] = {}
         self._samplers: dict[str, TorchSampler] = {}  # by base model path; full-parameter runs by run id
         self._templates = Templates(self.model_path)
@@ -190,9 +202,16 @@ class ModelPool:
 
     def _sampler(self, key: str, model_path: str | None = None) -> TorchSampler:
         if key not in self._samplers:
-            kernels = self.options.get("kernels", False)
-            self._samplers[key] = TorchSampler(model_id=model_path or key, device=self.device, kernels=kernels)
+            self._samplers[key] = TorchSampler(model_id=model_path or key, device=self.device, **self.sampler_options)
         return self._samplers[key]
+
+
+def routing_shape(model: Any) -> RoutingShape | None:
+    """``model``'s MoE routing (layers, experts per token, experts); ``None`` for a model without MoE routers."""
+    routers = topk_routers(model)
+    if not routers:
+        return None
+    return len(routers), int(routers[0].top_k), int(routers[0].num_experts)
 
 
 class Templates:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator, ValidationInfo, WithJsonSchema
 
-from twinkle.data_format import InputFeature, Trajectory, validate_input_feature, validate_trajectory
+from twinkle.data_format import FREE_EXPERT, InputFeature, Trajectory, validate_input_feature, validate_trajectory
 from twinkle.errors import InvalidInputError
 from twinkle.server.paths import check_name
 from twinkle.server.services.components import REGISTERED_NAME, check_component_name
@@ -111,9 +111,31 @@ def _inputs(value: Any, info: ValidationInfo) -> Any:
                 raise InvalidInputError(
                     f"{where} has {len(feature['input_ids'])} tokens; the model's context is {limit}"
                 )
+            if feature.get("routed_experts") is not None and "routing" in context:
+                _check_routing(feature["routed_experts"], context["routing"], f"{where}.routed_experts")
         else:
             validate_trajectory(item, where=where)
     return value
+
+
+def _check_routing(record: list[list[list[int]]], routing: tuple[int, int, int] | None, where: str) -> None:
+    """A (well-formed) routing record fits the served model's MoE routing ``(layers, top_k, experts)``: checked
+    here, so that one tenant's bad record is refused before it could fail a pass shared with others."""
+    if routing is None:
+        raise InvalidInputError(f"{where} was given, but the server's model has no MoE router to replay it on")
+    layers, top_k, experts = routing
+    found = (len(record[0]), len(record[0][0]) if record[0] else 0)
+    if found != (layers, top_k):
+        raise InvalidInputError(
+            f"{where} records {found[0]} layer(s) x top-{found[1]}; the server's model has {layers} MoE layer(s) "
+            f"x top-{top_k}"
+        )
+    highest = max(expert for chosen in record for layer in chosen for expert in layer)
+    if highest >= experts:
+        raise InvalidInputError(
+            f"{where} holds expert id {highest}; the server's model has {experts} experts (ids 0..{experts - 1}, "
+            f"{FREE_EXPERT}: route freely)"
+        )
 
 
 Inputs = Annotated[

@@ -92,7 +92,7 @@ class ServeEngine:
             raise
         self.max_rank, self.max_loras = config.max_rank, config.max_loras * config.replicas
         self.max_length, self.vocab_size = info["max_length"], info["vocab_size"]
-        self.model_path, self.model_type = info["model_path"], info["model_type"]
+        self.model_path, self.model_type, self.routing = info["model_path"], info["model_type"], info["routing"]
         self._templates = Templates(self.model_path)
         logger.info("%d replicas started (pids %s)", config.replicas, [r.pid for r in self._replicas])
 

@@ -44,6 +44,7 @@ class ModelReplica:
             "vocab_size": pool.model.vocab_size,
             "model_path": pool.model_path,
             "model_type": pool.model.model.config.model_type,
+            "routing": pool.routing,
             "adapters": sorted(pool.model.adapter_names),
         }
 
