@@ -82,13 +82,15 @@ def is_fused_experts(module: nn.Module) -> bool:
 class _AdaptedParameters(nn.Module):
     """Takes over ``base``'s parameters, buffers, children and plain attributes under their own names."""
 
+    base: nn.Module
+
     def __init__(self, base: nn.Module) -> None:
         super().__init__()
         for name, child in base.named_children():
             self.add_module(name, child)
         for name, param in base.named_parameters(recurse=False):
             self.register_parameter(name, param)
-        non_persistent = getattr(base, "_non_persistent_buffers_set", set())
+        non_persistent: set[str] = getattr(base, "_non_persistent_buffers_set", set())
         for name, buffer in base.named_buffers(recurse=False):
             self.register_buffer(name, buffer, persistent=name not in non_persistent)
         for name, value in vars(base).items():
@@ -119,6 +121,10 @@ class _AdaptedParameters(nn.Module):
             if name in self.adapters
         ]
 
+    def checked_weights(self, name: str, param: str, A: torch.Tensor, B: torch.Tensor, scaling: float) -> Any:
+        """Adapter ``name``'s pair on ``param`` in PEFT's layout, validated and moved to the weight's device."""
+        raise NotImplementedError
+
     def extra_repr(self) -> str:
         return f"{type(self.base).__name__}, adapters={sorted(self.adapters)}"
 
@@ -146,8 +152,8 @@ class MultiLoraExperts(_AdaptedParameters):
                 f"adapter {name!r}: LoRA on {param} ({experts} experts) needs A [rank·{experts}, {in_features}] and "
                 f"B [{out_features}, rank·{experts}], got A {list(A_SI.shape)} and B {list(B_OS.shape)}"
             )
-        like = {"device": weight.device, "dtype": weight.dtype}
-        return ExpertLora.from_peft(A_SI.to(**like), B_OS.to(**like), experts, scaling)
+        A_SI, B_OS = A_SI.to(weight.device, weight.dtype), B_OS.to(weight.device, weight.dtype)
+        return ExpertLora.from_peft(A_SI, B_OS, experts, scaling)
 
     def forward(self, hidden_NH: torch.Tensor, top_k_index_NK: torch.Tensor, top_k_weights_NK: torch.Tensor) -> Any:
         groups = self.token_groups(hidden_NH.shape[0])
@@ -204,8 +210,7 @@ class MultiLoraRouter(_AdaptedParameters):
                 f"adapter {name!r}: LoRA on {param} needs A [rank, {in_features}] and B [{out_features}, rank], "
                 f"got A {list(A_RI.shape)} and B {list(B_OR.shape)}"
             )
-        like = {"device": weight.device, "dtype": weight.dtype}
-        return RouterLora(A_RI.to(**like), B_OR.to(**like), float(scaling))
+        return RouterLora(A_RI.to(weight.device, weight.dtype), B_OR.to(weight.device, weight.dtype), float(scaling))
 
     def forward(self, hidden_NH: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         tokens = hidden_NH.reshape(-1, hidden_NH.shape[-1]).shape[0]
