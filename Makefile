@@ -16,7 +16,15 @@ EDITABLES := $(foreach p,$(filter-out packages/twinkle-all/,$(PACKAGES)),-e $(p)
 PYPROJECTS := $(wildcard packages/*/pyproject.toml kernels/pyproject.toml) requirements-dev.txt \
 	integration-tests/server/requirements-tinker-cookbook.txt
 
-.PHONY: install demo test lint clean
+# vLLM's own venv for `make test-vllm` (see packages/twinkle-sampler/requirements-vllm-cpu.txt); only the
+# distributions the sampler's tests and cookbooks import, installed editable.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.twinkle-installed
+VLLM_REQUIREMENTS := packages/twinkle-sampler/requirements-vllm-cpu.txt
+VLLM_EDITABLES := $(foreach p,$(filter-out packages/twinkle-all/ packages/twinkle-server/,$(PACKAGES)),-e $(p))
+
+.PHONY: install demo test test-vllm lint clean
 
 install: $(STAMP)
 
@@ -38,6 +46,20 @@ demo: install
 test: install
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile packages kernels integration-tests $(PYTEST_ARGS)
 
+# The vLLM sampler's tests (marker `vllm`) against the real engine on CPU, in .venv-vllm (created on first use,
+# reinstalled only when a pyproject or the vLLM requirements change). `make test` skips them: no vllm there.
+test-vllm: $(VLLM_STAMP)
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) -m pytest -p no:cacheprovider -m vllm packages/twinkle-sampler/tests $(PYTEST_ARGS)
+
+$(VLLM_STAMP): $(wildcard packages/*/pyproject.toml kernels/pyproject.toml) $(VLLM_REQUIREMENTS)
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet -r $(VLLM_REQUIREMENTS)
+	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install --quiet $(VLLM_EDITABLES)
+	$(VLLM_PY) -c "import vllm, twinkle.sampler"
+	touch $(VLLM_STAMP)
+
 # Lint every file, then type-check every package's src/ ([tool.mypy] in pyproject.toml; cache in .mypy_cache).
 lint: install
 	$(VENV)/bin/ruff check .
@@ -45,4 +67,4 @@ lint: install
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .mypy_cache

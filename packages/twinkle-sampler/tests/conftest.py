@@ -82,3 +82,73 @@ def lora_of():
         return model.model.peft_config[name], get_peft_model_state_dict(model.model, adapter_name=name)
 
     return export
+
+
+# ---------------------------------------------------------------- vLLM (marker `vllm`; `make test-vllm` runs them)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "vllm: needs the vLLM engine (`make test-vllm` runs them in .venv-vllm)")
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir(tmp_path_factory):
+    """``builtin://qwen3-tiny`` with attention heads of 32 (vLLM's CPU kernels run no smaller), else the same model.
+
+    Same architecture, tokenizer, chat template and weight generator; only
+    ``head_dim`` (16 in the builtin) differs, so q/k/v/o are wider.
+    """
+    from twinkle.hub.models.qwen3_tiny import qwen3_weights, tiny_config, write_model
+
+    config = tiny_config()
+    config.head_dim = 32
+    target = tmp_path_factory.mktemp("qwen3-tiny-head32")
+    write_model(target, config, qwen3_weights(config))
+    return str(target)
+
+
+@pytest.fixture(scope="session")
+def vllm_template(vllm_model_dir):
+    from twinkle.template import Template
+
+    return Template(vllm_model_dir, max_length=256)
+
+
+@pytest.fixture(scope="session")
+def vllm_prompts(vllm_template, trajectories):
+    return [vllm_template.encode(trajectory, add_generation_prompt=True) for trajectory in trajectories]
+
+
+@pytest.fixture(scope="session")
+def vllm_engine_args():
+    """fp32, a small KV cache, two LoRA slots (so a batch of both test adapters fills every slot)."""
+    return {
+        "dtype": "float32",
+        "max_model_len": 1024,
+        "kv_cache_memory_bytes": 128 << 20,
+        "enforce_eager": True,
+        "enable_lora": True,
+        "max_lora_rank": 8,
+        "max_loras": 2,
+    }
+
+
+@pytest.fixture(scope="session")
+def vllm_trainer(vllm_model_dir):
+    """``vllm_trainer(*names)``: a TransformersModel of the vLLM test model with random-B adapters of ranks 4, 8, ..."""
+    from twinkle.model import TransformersModel
+
+    def make(*names: str) -> TransformersModel:
+        torch.manual_seed(0)
+        model = TransformersModel(model_id=vllm_model_dir, device="cpu")
+        for index, name in enumerate(names):
+            config = LoraConfig(r=4 * (index + 1), lora_alpha=8, target_modules="all-linear", lora_dropout=0.0)
+            model.add_adapter_to_model(name, config)
+            generator = torch.Generator().manual_seed(index + 1)
+            with torch.no_grad():
+                for param_name, param in model.model.named_parameters():
+                    if "lora_B" in param_name and f".{name}." in param_name:
+                        param.normal_(0, 0.3, generator=generator)
+        return model
+
+    return make

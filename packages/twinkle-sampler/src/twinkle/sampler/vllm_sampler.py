@@ -1,22 +1,34 @@
-"""``vLLMSampler``: the :class:`~twinkle.sampler.Sampler` interface served by vLLM's offline engine (GPU).
+"""``vLLMSampler``: the :class:`~twinkle.sampler.Sampler` interface served by vLLM's offline engine (GPU or CPU).
 
 Inputs, adapters, stops and results go through the same shared code as
-:class:`~twinkle.sampler.TorchSampler`; vLLM only generates tokens. Adapters
-are handed to vLLM as PEFT directories through ``LoRARequest``s: one given as
-tensors is written to a private temporary directory first. vLLM identifies an
-adapter by its request name, so every new version gets a fresh name
-(``name@version``) and the old one is unloaded. Log-probs are vLLM's
-``raw_logprobs`` (the model's distribution before any sampling transform),
-the same quantity TorchSampler and the trainer compute.
+:class:`~twinkle.sampler.TorchSampler`; vLLM only generates tokens. Log-probs
+are vLLM's ``raw_logprobs`` (the model's distribution before any sampling
+transform) computed with the trainer's log-sum-exp
+(:func:`~twinkle.sampler.vllm_engine.use_exact_logprobs`), so they equal the
+trainer's ``forward_only`` log-probs to float32 rounding.
+
+Adapters reach vLLM as ``LoRARequest``s of PEFT directories: one given as
+tensors is written into the sampler's private temporary directory (removed
+with the adapter, and with the sampler). Every new version gets a fresh
+request id, so nothing cached for an old version (weights, prefixes) is used again.
+
+**Base rows and adapters in one batch.** vLLM's CPU LoRA kernels index the
+adapter slots with the row's slot number, ``-1`` for rows without an adapter,
+and ``-1`` picks the *last* slot: a base row then gets whatever adapter that
+slot holds (vLLM 0.32). At start-up a self-test runs a base row alone, then in
+a batch that fills every slot with a random probe adapter; if the row changes,
+every base row is sent through an all-zero adapter instead, which computes the
+base model exactly. The self-test, not the device name, decides.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +38,25 @@ from twinkle.data_format import SamplingParams, StopReason
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.hub import resolve_model
 from twinkle.infra import DeviceMesh, remote_class
-from twinkle.module import ADAPTER_CONFIG, check_lora_config, split_lora_state_dict, write_adapter_dir
+from twinkle.module import read_adapter_dir, split_lora_state_dict, write_adapter_dir
 from twinkle.registry import register
 from twinkle.sampler.base import Sampler
 from twinkle.sampler.results import Completion, Generation, Prompt, TopK
 from twinkle.sampler.stopping import StopCriteria
 from twinkle.sampler.token_sampling import requested, topk_count
+from twinkle.sampler.vllm_engine import (
+    check_cpu_head_size,
+    linear_layers,
+    lora_target_suffixes,
+    retie_output_layer,
+    use_exact_logprobs,
+)
 from twinkle.utils import require
+
+# KV cache a CPU engine gets when neither engine_args nor VLLM_CPU_KVCACHE_SPACE sizes it (vLLM requires a size).
+CPU_KV_CACHE_BYTES = 512 << 20
+# A base row whose log-probs move by more than this when probe adapters share its batch has been given one.
+SELF_TEST_ATOL = 1e-4
 
 
 @register("sampler")
@@ -40,8 +64,14 @@ from twinkle.utils import require
 class vLLMSampler(Sampler):
     """Samples with ``vllm.LLM(model=<resolved model_id>, **engine_args)``.
 
-    Pass ``engine_args={'enable_lora': True, 'max_lora_rank': r}`` to serve
-    adapters. ``logprobs_mode`` defaults to ``'raw_logprobs'``.
+    Pass ``engine_args={'enable_lora': True, 'max_lora_rank': r, 'max_loras': n}``
+    to serve adapters; ``lora_target_modules`` defaults to every linear layer but
+    the output layer. On a CPU, ``kv_cache_memory_bytes`` defaults to 512 MiB,
+    and ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` runs the engine in this process.
+    ``exact_logprobs=False`` keeps vLLM's own float32 ``log_softmax``.
+    ``zero_adapter_for_base`` overrides the start-up self-test (see the module
+    docstring): ``True`` always sends base rows through the zero adapter,
+    ``False`` never does (wrong on an engine that fails the self-test).
     """
 
     def __init__(
@@ -49,16 +79,39 @@ class vLLMSampler(Sampler):
         model_id: str | None = None,
         engine_args: Mapping[str, Any] | None = None,
         device_mesh: DeviceMesh | None = None,
+        exact_logprobs: bool = True,
+        zero_adapter_for_base: bool | None = None,
     ) -> None:
         vllm = require("vllm", "twinkle-sampler[vllm]", "vLLMSampler")
+        from vllm.platforms import current_platform
+
         super().__init__(resolve_model(model_id))
+        check_cpu_head_size(self.model_path)
         self.device_mesh = device_mesh
-        self.engine_args = {"logprobs_mode": "raw_logprobs", **(engine_args or {})}
-        self.llm = vllm.LLM(model=self.model_path, **self.engine_args)
-        self._lora_requests: dict[str, Any] = {}
-        self._versions = 0
-        self._adapter_root = Path(tempfile.mkdtemp(prefix="twinkle-vllm-adapters-"))
-        weakref.finalize(self, shutil.rmtree, self._adapter_root, True)
+        args = {"logprobs_mode": "raw_logprobs", **(engine_args or {})}
+        self._layers = linear_layers(self.model_path) if args.get("enable_lora") else {}
+        if self._layers:
+            args.setdefault("lora_target_modules", lora_target_suffixes(self._layers))
+        sized = "kv_cache_memory_bytes" in args or "VLLM_CPU_KVCACHE_SPACE" in os.environ
+        if current_platform.is_cpu() and not sized:
+            args["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        self.engine_args = args
+        self.llm = vllm.LLM(model=self.model_path, **args)
+        if exact_logprobs:
+            self.llm.collective_rpc(use_exact_logprobs)
+        self._served: dict[str, Any] = {}
+        self._last_id = 0
+        self._root = Path(tempfile.mkdtemp(prefix="twinkle-vllm-adapters-"))
+        weakref.finalize(self, shutil.rmtree, self._root, True)
+        self._zero: Any = None
+        self.base_rows_through_zero_adapter = False
+        if self._layers:
+            wrong = self.engine_gives_base_rows_adapters() if zero_adapter_for_base is None else zero_adapter_for_base
+            if wrong:
+                self._zero = self._request("zero", *self._probe_adapter(seed=None))
+                self.base_rows_through_zero_adapter = True
+
+    # ------------------------------------------------------------------ engine facts
 
     @property
     def vocab_size(self) -> int:
@@ -70,60 +123,160 @@ class vLLMSampler(Sampler):
 
     @property
     def adapter_names(self) -> list[str]:
-        return sorted(self._lora_requests)
+        return sorted(self._served)
+
+    @property
+    def _lora_config(self) -> Any:
+        return self.llm.llm_engine.vllm_config.lora_config
+
+    def engine_gives_base_rows_adapters(self) -> bool:
+        """Self-test: does a base row sharing a batch with adapters (every slot filled) get a different result?
+
+        Run on a fresh engine (every slot empty), before any adapter is served;
+        probe adapters are random rank-1 updates of one layer, removed afterwards.
+        """
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompt = TokensPrompt(prompt_token_ids=list(range(1, 9)))
+        params = VllmSamplingParams(max_tokens=3, temperature=0, logprobs=0, ignore_eos=True)
+        alone = self.llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+        probes = [self._request("probe", *self._probe_adapter(seed)) for seed in range(self._lora_config.max_loras)]
+        try:
+            outputs = self.llm.generate(
+                [prompt] * (len(probes) + 1), params, lora_request=[None, *probes], use_tqdm=False
+            )
+        finally:
+            for probe in probes:
+                self._unload(probe)
+        rows = [output.outputs[0] for output in outputs]
+        if not any(_differ(alone, probe) for probe in rows[1:]):
+            raise ConfigurationError(
+                "vLLMSampler's self-test is inconclusive: its probe adapters did not change the output, so it "
+                "cannot tell whether base rows are mixed with adapters; pass zero_adapter_for_base=True or False"
+            )
+        return _differ(alone, rows[0])
+
+    def _probe_adapter(self, seed: int | None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """A rank-1 adapter on the model's first linear layer: random (``seed``) or all zeros (``None``)."""
+        module, (fan_in, fan_out) = next(iter(self._layers.items()))
+        config = {"peft_type": "LORA", "r": 1, "lora_alpha": 1, "target_modules": [module.rsplit(".", 1)[-1]]}
+        shapes = {"A": (1, fan_in), "B": (fan_out, 1)}
+        if seed is None:
+            tensors = {part: torch.zeros(shape) for part, shape in shapes.items()}
+        else:
+            generator = torch.Generator().manual_seed(seed)
+            tensors = {part: torch.randn(shape, generator=generator) for part, shape in shapes.items()}
+        return config, {f"base_model.model.{module}.lora_{part}.weight": value for part, value in tensors.items()}
+
+    # ------------------------------------------------------------------ adapters
 
     def add_adapter(self, name: str, config: Any, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Write the adapter as a PEFT directory that vLLM loads on first use; replaces one of that name."""
-        split_lora_state_dict(name, config, state_dict)  # refuse what vLLM would misread, before writing
-        self._require_lora(name)
-        directory = Path(tempfile.mkdtemp(dir=self._adapter_root))
-        write_adapter_dir(directory, config, state_dict)
-        self._register(name, directory)
+        """Serve ``name`` from a private copy of the tensors (a PEFT directory vLLM loads); replaces any old one."""
+        self._check_servable(name, config, state_dict)
+        self._serve(name, self._request(name, config, state_dict))
 
     def load_adapter(self, name: str, path: str | Path) -> None:
-        config_file = Path(path) / ADAPTER_CONFIG
-        if not config_file.is_file():
-            raise InvalidInputError(f"{path} is not a saved LoRA adapter: {ADAPTER_CONFIG} is missing")
-        check_lora_config(name, json.loads(config_file.read_text()))
-        self._require_lora(name)
-        self._register(name, Path(path))
+        """Serve the PEFT adapter directory ``path`` as ``name`` (vLLM reads it from there)."""
+        from vllm.lora.request import LoRARequest
+
+        config, state_dict = read_adapter_dir(path)
+        self._check_servable(name, config, state_dict)
+        self._last_id += 1
+        self._serve(name, LoRARequest(f"{name}@{self._last_id}", self._last_id, str(Path(path).resolve())))
 
     def remove_adapter(self, name: str) -> None:
-        if name not in self._lora_requests:
+        if name not in self._served:
             raise InvalidInputError(f"unknown adapter {name!r}; adapters: {self.adapter_names}")
-        self._unload(self._lora_requests.pop(name))
+        self._unload(self._served.pop(name))
 
-    def reset_prefix_cache(self) -> None:
-        """Drop vLLM's cached prompt prefixes (their KV entries are stale once base weights change)."""
-        self.llm.reset_prefix_cache()
-
-    def _require_lora(self, name: str) -> None:
-        if not self.engine_args.get("enable_lora"):
+    def _check_servable(self, name: str, config: Any, state_dict: Mapping[str, torch.Tensor]) -> None:
+        tensors, _ = split_lora_state_dict(name, config, state_dict)
+        if not self._layers:
             raise ConfigurationError(
                 f"cannot serve adapter {name!r}: create vLLMSampler with "
                 "engine_args={'enable_lora': True, 'max_lora_rank': <the largest rank>}"
             )
+        unknown = [module for module in tensors if module not in self._layers]
+        if unknown:
+            raise ConfigurationError(
+                f"adapter {name!r} targets {unknown[:3]}, which are not linear layers vLLM puts LoRA on in "
+                f"{self.model_path} (the output layer is not one)"
+            )
+        rank, limit = max(A.shape[0] for A, _ in tensors.values()), self._lora_config.max_lora_rank
+        if rank > limit:
+            raise ConfigurationError(
+                f"adapter {name!r} has rank {rank}, above the engine's max_lora_rank={limit}; "
+                f"create vLLMSampler with engine_args={{'max_lora_rank': {rank}, ...}}"
+            )
 
-    def _register(self, name: str, path: Path) -> None:
+    def _request(self, name: str, config: Any, state_dict: Mapping[str, torch.Tensor]) -> Any:
+        """A LoRARequest with a fresh id for the adapter, written into this sampler's private directory."""
         from vllm.lora.request import LoRARequest
 
-        self._versions += 1
-        previous = self._lora_requests.get(name)
-        self._lora_requests[name] = LoRARequest(f"{name}@{self._versions}", self._versions, str(path))
+        directory = Path(tempfile.mkdtemp(dir=self._root))
+        write_adapter_dir(directory, config, state_dict)
+        self._last_id += 1
+        return LoRARequest(f"{name}@{self._last_id}", self._last_id, str(directory))
+
+    def _serve(self, name: str, request: Any) -> None:
+        previous = self._served.get(name)
+        self._served[name] = request
         if previous is not None:
             self._unload(previous)
+            self.reset_prefix_cache()
 
     def _unload(self, request: Any) -> None:
         self.llm.llm_engine.remove_lora(request.lora_int_id)
         path = Path(request.lora_path)
-        if path.parent == self._adapter_root:  # written by add_adapter, not the user's directory
+        if path.parent == self._root:  # written by this sampler, not the user's directory
             shutil.rmtree(path, ignore_errors=True)
+
+    # ------------------------------------------------------------------ weights and engine state
+
+    def load_base_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load tensors named as in the Hugging Face checkpoint into the engine's base weights; returns how many.
+
+        Names and shapes are checked against the checkpoint before anything is
+        loaded; then vLLM's ``reload_weights`` loads them, a tied output layer
+        follows the new embedding, and the prefix cache is reset. Adapters stay.
+        """
+        shapes, tied = _checkpoint_shapes(self.model_path)
+        items = weights.items() if isinstance(weights, Mapping) else weights
+        checked: list[tuple[str, torch.Tensor]] = []
+        for name, tensor in items:
+            if tied and name == "lm_head.weight":
+                continue  # the embedding, under its tied name
+            if name not in shapes:
+                raise ConfigurationError(f"{name!r} is not a weight of {self.model_path} (checked: {len(checked)})")
+            if list(tensor.shape) != shapes[name]:
+                raise ConfigurationError(
+                    f"weight {name!r} has shape {list(tensor.shape)}, the model's has {shapes[name]}"
+                )
+            checked.append((name, tensor.detach()))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": checked})
+        self.llm.collective_rpc(retie_output_layer)
+        self.reset_prefix_cache()
+        return len(checked)
+
+    def reset_prefix_cache(self) -> None:
+        """Drop vLLM's cached prompt prefixes (their KV entries are stale once weights change)."""
+        self.llm.reset_prefix_cache()
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the engine's memory between rounds (vLLM's ``sleep``; on a CPU vLLM keeps it)."""
+        self.llm.sleep(level=level)
+
+    def wake_up(self) -> None:
+        self.llm.wake_up()
+
+    # ------------------------------------------------------------------ sampling
 
     def _generate(self, prompts: list[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
         from vllm.inputs import TokensPrompt
 
         requests = [TokensPrompt(prompt_token_ids=prompt.input_ids) for prompt in prompts]
-        loras = [None if prompt.adapter is None else self._lora_requests[prompt.adapter] for prompt in prompts]
+        loras = [self._zero if prompt.adapter is None else self._served[prompt.adapter] for prompt in prompts]
         outputs = self.llm.generate(requests, _vllm_params(params, stop), lora_request=loras, use_tqdm=False)
         k = topk_count(params.logprobs)
         generation = Generation(
@@ -140,6 +293,27 @@ class vLLMSampler(Sampler):
             generation.prompt_logprobs = [logprobs for logprobs, _ in per_prompt]
             generation.topk_prompt_logprobs = [alternatives for _, alternatives in per_prompt] if prompt_k else None
         return generation
+
+
+def _differ(first: Any, second: Any) -> bool:
+    """Two vLLM completions differ in tokens or in a sampled token's log-prob by more than ``SELF_TEST_ATOL``."""
+    if list(first.token_ids) != list(second.token_ids):
+        return True
+    pairs = zip(first.token_ids, first.logprobs, second.logprobs, strict=True)
+    return any(abs(a[token].logprob - b[token].logprob) > SELF_TEST_ATOL for token, a, b in pairs)
+
+
+def _checkpoint_shapes(model_path: str) -> tuple[dict[str, list[int]], bool]:
+    """Every weight's shape in the model's safetensors checkpoint, and whether its output layer is tied."""
+    from safetensors import safe_open
+
+    shapes: dict[str, list[int]] = {}
+    for file in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 (a safetensors handle is not a dict)
+                shapes[key] = list(handle.get_slice(key).get_shape())
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    return shapes, bool(config.get("tie_word_embeddings", False))
 
 
 def _vllm_params(params: SamplingParams, stop: StopCriteria) -> Any:
