@@ -242,11 +242,12 @@ class vLLMSampler(Sampler):
         follows the new embedding, and the prefix cache is reset. Adapters stay.
         """
         shapes, tied = _checkpoint_shapes(self.model_path)
+        embedding = next((key for key in shapes if key.endswith("embed_tokens.weight")), None) if tied else None
         items = weights.items() if isinstance(weights, Mapping) else weights
         checked: list[tuple[str, torch.Tensor]] = []
-        for name, tensor in items:
-            if tied and name == "lm_head.weight":
-                continue  # the embedding, under its tied name
+        for key, tensor in items:
+            # a tied output layer's weight is the embedding, which the checkpoint holds under its own name only
+            name = embedding if embedding is not None and key == "lm_head.weight" else key
             if name not in shapes:
                 raise ConfigurationError(f"{name!r} is not a weight of {self.model_path} (checked: {len(checked)})")
             if list(tensor.shape) != shapes[name]:
