@@ -11,8 +11,6 @@ import os
 import sys
 from collections.abc import Callable
 
-from peft import LoraConfig
-
 import twinkle
 from twinkle import DeviceMesh
 from twinkle.errors import ConfigurationError
@@ -26,20 +24,9 @@ def _mesh(**sizes: int) -> DeviceMesh:
     return DeviceMesh.from_sizes(world_size=WORLD, **sizes)
 
 
-def _trained(model_id: str, mesh: DeviceMesh, lora: LoraConfig | None) -> None:
-    model = TransformersModel(model_id, device_mesh=mesh)
-    if lora is not None:
-        model.add_adapter_to_model("default", lora)
-    model.set_optimizer("AdamW", lr=1e-3)  # the model is wrapped (FSDP2) here, before any weight changes
-
-
 CASES: dict[str, Callable[[], object]] = {
     "dense-ep": lambda: TransformersModel(DENSE, device_mesh=_mesh(fsdp_size=WORLD, ep_size=WORLD)),
     "ddp-ep": lambda: TransformersModel(MOE, device_mesh=_mesh(dp_size=WORLD, ep_size=WORLD)),
-    "experts-lora": lambda: _trained(
-        MOE, _mesh(fsdp_size=WORLD, ep_size=WORLD), LoraConfig(r=4, target_modules="all-linear")
-    ),
-    "full-ep": lambda: _trained(MOE, _mesh(fsdp_size=WORLD, ep_size=WORLD), None),
     "experts-split": lambda: TransformersModel(MOE, device_mesh=_mesh(fsdp_size=WORLD, ep_size=WORLD)),
     "heads-split": lambda: TransformersModel(DENSE, device_mesh=_mesh(fsdp_size=WORLD, ulysses_size=WORLD)),
 }

@@ -5,7 +5,8 @@ loss and the saved adapter loads in plain transformers + PEFT with the trainer's
 step saves a directory plain transformers loads with the same logits; ``MultiLoraModel`` trains two
 adapters in one pass and its saved adapter loads in PEFT too; ``TorchSampler`` reports the log-probs the
 trainer computes for what it sampled. "all-linear" adapts every linear layer but the output layer, and on
-the MoE family, as PEFT resolves it there, each layer's fused experts and its router too. Everything runs in float64: the mixture-of-experts router picks its
+the MoE family, as PEFT resolves it there, each layer's fused experts and its router too. Everything runs
+in float64: the mixture-of-experts router picks its
 top-2 experts per token, and float32 round-off that differs between two correct implementations could flip
 a near tie and change a logit by far more than any tolerance, on some CPUs and not others.
 """

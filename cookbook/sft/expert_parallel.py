@@ -5,8 +5,9 @@
 
 Every token's hidden state travels to the process holding each expert its router chose (all-to-all
 within the expert-parallel group) and comes back weighted; the rest of the model is sharded with FSDP2.
-The experts stay frozen, so the adapter trains attention and the router (PEFT's "all-linear" would add
-the experts: it is refused under expert parallelism). ULYSSES_SIZE=2 also splits every sequence's tokens
+The adapter is moe.py's: LoRA on every linear layer, the router and each expert (PEFT's "all-linear"
+on a MoE model), each process training its own experts' pairs; the saved adapter is whole, as one
+process saves it. ULYSSES_SIZE=2 also splits every sequence's tokens
 over the processes (sequence_parallel.py); GRADIENT_CHECKPOINTING=1 recomputes the layers in backward;
 PADDING_FREE=0 pads the batches instead of packing them. The rest is moe.py's.
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 import os
 
 from moe import MODEL_ID, OUTPUT_DIR
-from peft import LoraConfig
 from self_cognition import WORLD_SIZE, train_on_mesh
 
 from twinkle import DeviceMesh
@@ -31,15 +31,11 @@ def main() -> None:
     mesh = DeviceMesh.from_sizes(
         world_size=WORLD_SIZE, fsdp_size=WORLD_SIZE, ep_size=EP_SIZE, ulysses_size=ULYSSES_SIZE
     )
-    attention_and_router = LoraConfig(
-        r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], target_parameters=["gate.weight"]
-    )
     train_on_mesh(
         mesh,
         title=f"MoE LoRA SFT, experts over {EP_SIZE} process(es)",
         model_id=MODEL_ID,
         output_dir=OUTPUT_DIR,
-        lora_config=attention_and_router,
         gradient_checkpointing=GRADIENT_CHECKPOINTING,
         padding_free=PADDING_FREE,
     )

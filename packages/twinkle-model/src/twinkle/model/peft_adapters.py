@@ -7,7 +7,8 @@ Adapters are saved in PEFT's own format (``adapter_config.json`` +
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from twinkle.errors import ConfigurationError, ResourceNotFoundError
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+_LORA_WEIGHT = re.compile(r"\.(lora_[AB])\.weight$")  # a saved key; the parameter has the adapter's name inside
 
 
 def as_peft_config(config: PeftConfig | Mapping[str, Any]) -> PeftConfig:
@@ -82,9 +84,23 @@ def read_adapter_config(directory: Path) -> PeftConfig:
     return PeftConfig.from_pretrained(str(directory))
 
 
-def load_adapter_weights(model: PeftModel, name: str, directory: Path) -> None:
-    """Load the weights saved by :func:`save_adapter` into the existing adapter ``name``."""
+def load_adapter_weights(
+    model: PeftModel,
+    name: str,
+    directory: Path,
+    local_part: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> None:
+    """Load the weights saved by :func:`save_adapter` into the existing adapter ``name``.
+
+    ``local_part(param, saved)`` cuts a saved tensor to what this process holds of it (expert parallelism).
+    """
     state = load_file(str(directory / ADAPTER_WEIGHTS), device=str(next(model.parameters()).device))
+    if local_part is not None:
+        params = dict(model.named_parameters())
+        for key, tensor in state.items():
+            param = params.get(_LORA_WEIGHT.sub(rf".\1.{name}.weight", key))
+            if param is not None:
+                state[key] = local_part(param, tensor)
     result = set_peft_model_state_dict(model, state, adapter_name=name)
     unexpected = getattr(result, "unexpected_keys", None)
     if unexpected:

@@ -36,7 +36,7 @@ from twinkle.model import peft_adapters, stepwise
 from twinkle.model.checkpoints import save_load
 from twinkle.model.features import BatchPreparer
 from twinkle.model.loading import CheckpointingPolicy, load_causal_lm
-from twinkle.model.parallel import full_tensors, local_device, parallelism_for
+from twinkle.model.parallel import local_device, parallelism_for
 from twinkle.model.passes.engine import PassEngine
 from twinkle.model.passes.logps import inner_model
 from twinkle.model.passes.plans import LossPlan, Plan, TargetsPlan
@@ -247,14 +247,16 @@ class TrainingModel(ABC):
     def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
         """Clip this adapter's gradients to ``max_grad_norm`` (L2); returns the norm before clipping."""
         state = self.train_state(adapter_name)
-        norm = float(full_tensors(torch.nn.utils.clip_grad_norm_(state.params, max_grad_norm)))  # FSDP: DTensor
+        norm = self.parallel.clip_grad_norm(self.model, state.params, max_grad_norm)
         state.train_metric.accumulate(grad_norm=norm)
         return norm
 
     def step(self, adapter_name: str | None = None) -> None:
         """One optimizer step on the accumulated gradients."""
         state = self.train_state(adapter_name)
-        state.require_optimizer().step()
+        optimizer = state.require_optimizer()
+        self.parallel.sync_gradients(self.model, state.params)
+        optimizer.step()
         state.global_step += 1
         state.accumulated = 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -31,7 +32,7 @@ class TransformersModel(TrainingModel):
         self.model = peft_adapters.add_adapter(self.model, adapter_name, config)
         self._states.pop(FULL_MODEL, None)  # only evaluated (or failed) without adapters: adapters replace it
         if directory:
-            peft_adapters.load_adapter_weights(self.model, adapter_name, directory)
+            self.load_adapter_weights(adapter_name, directory)
         return peft_adapters.adapter_parameters(self.model, adapter_name)
 
     @contextmanager
@@ -53,4 +54,5 @@ class TransformersModel(TrainingModel):
         peft_adapters.save_adapter(self.model, state.name, directory, self.model_path, tensors)
 
     def load_adapter_weights(self, adapter_name: str, directory: Path) -> None:
-        peft_adapters.load_adapter_weights(self.model, adapter_name, directory)
+        local_part = partial(self.parallel.local_part, self.model)
+        peft_adapters.load_adapter_weights(self.model, adapter_name, directory, local_part)

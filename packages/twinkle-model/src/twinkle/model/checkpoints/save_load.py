@@ -36,7 +36,6 @@ from twinkle.model.checkpoints.files import (
     restore_rng_state,
     write_json,
 )
-from twinkle.model.parallel import full_tensors, shard_optimizer_state
 from twinkle.model.train_state import TrainState
 
 if TYPE_CHECKING:
@@ -61,15 +60,16 @@ def save(
         raise ConfigurationError(f"checkpoint name must be a plain directory name, got {name!r}")
     final = Path(output_dir or os.environ.get("TWINKLE_OUTPUT_DIR", DEFAULT_OUTPUT_DIR)) / name
     # Every rank gathers (FSDP shards are all-gathered); only the writer writes.
-    tensors = full_tensors(owner.adapter_state_dict(state) if state.is_adapter else owner.model.state_dict())
+    model = owner.model
+    tensors = owner.parallel.gathered(
+        model, owner.adapter_state_dict(state) if state.is_adapter else model.state_dict()
+    )
     optimizer_state = None
     if save_optimizer and state.optimizer is not None:
-        optimizer_state = full_tensors(
-            {
-                "optimizer": state.optimizer.state_dict(),
-                "lr_scheduler": state.lr_scheduler.state_dict() if state.lr_scheduler is not None else None,
-            }
-        )
+        optimizer_state = {
+            "optimizer": owner.parallel.gathered_optimizer_state(model, state.optimizer),
+            "lr_scheduler": state.lr_scheduler.state_dict() if state.lr_scheduler is not None else None,
+        }
     with owner.parallel.all_or_none():  # also the barrier: nobody returns before the checkpoint exists
         if owner.parallel.is_writer:
             _write(owner, state, final, tensors, optimizer_state, dataloader)
@@ -123,7 +123,7 @@ def load_weights(owner: TrainingModel, path: Path, adapter_name: str | None, loa
         )
     optimizer_state = _read_optimizer_state(owner, path, name) if load_optimizer else None
     if name is None:
-        _load_full_weights(owner.model, path)
+        _load_full_weights(owner, path)
     elif name in owner.adapter_names:
         owner.load_adapter_weights(name, path)
     else:
@@ -132,7 +132,9 @@ def load_weights(owner: TrainingModel, path: Path, adapter_name: str | None, loa
     state = owner.train_state(name)
     if optimizer_state is not None:
         optimizer = state.require_optimizer()
-        optimizer.load_state_dict(shard_optimizer_state(optimizer_state["optimizer"], optimizer))
+        optimizer.load_state_dict(
+            owner.parallel.local_optimizer_state(owner.model, optimizer_state["optimizer"], optimizer)
+        )
         if optimizer_state["lr_scheduler"] is not None:
             state.lr_scheduler.load_state_dict(optimizer_state["lr_scheduler"])
     return state
@@ -170,7 +172,8 @@ def _read_optimizer_state(owner: TrainingModel, path: Path, name: str | None) ->
     return saved
 
 
-def _load_full_weights(model: PreTrainedModel, path: Path) -> None:
+def _load_full_weights(owner: TrainingModel, path: Path) -> None:
+    model: PreTrainedModel = owner.model
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ResourceNotFoundError(f"{path} has neither an adapter nor *.safetensors model weights")
@@ -178,6 +181,14 @@ def _load_full_weights(model: PreTrainedModel, path: Path) -> None:
     for file in files:
         state_dict.update(load_file(str(file)))
     expected = model.state_dict()
+    if set(state_dict) - set(expected) and set(expected) - set(state_dict):
+        # Saved in the checkpoint's own layout (transformers' save_pretrained turns fused MoE experts back
+        # into per-expert weights): transformers' loading converts it to the model's.
+        state_dict = type(model).from_pretrained(str(path), dtype=next(model.parameters()).dtype).state_dict()
+    # Expert parallelism: this rank's experts of the whole tensors.
+    state_dict = {
+        k: owner.parallel.local_part(model, expected[k], v) if k in expected else v for k, v in state_dict.items()
+    }
     tied = set(getattr(model, "_tied_weights_keys", None) or []) if model.config.tie_word_embeddings else set()
     missing = [k for k in expected if k not in state_dict and k not in tied]
     unexpected = [k for k in state_dict if k not in expected]

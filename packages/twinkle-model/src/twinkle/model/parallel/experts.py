@@ -11,13 +11,21 @@ all-to-all) and adds them up with the router's weights, as the module did.
 Each all-to-all back-propagates as the other, so the router and everything
 before it get the gradients of the tokens' experts wherever they live.
 
-The experts stay frozen: a LoRA adapter trains the rest (attention, router,
-dense layers), and FSDP2 shards it and the rest, leaving the experts alone.
+FSDP2 shards the rest of the model and leaves each rank's experts alone.
+They train like any weight (full-parameter training), or carry LoRA pairs
+(PEFT's ``target_parameters``, which its ``"all-linear"`` adds on MoE
+families) cut to the rank's experts: ``lora_A [r·E/ep, in]`` and
+``lora_B [out, r·E/ep]``. Such expert-local tensors are described by an
+:class:`ExpertSlice`: their gradients are complete on their rank once summed
+over the ranks holding the same experts and scaled as FSDP2 scales the rest
+(:meth:`ExpertParallel.sync_gradients`), and checkpoints gather them into the
+one-process layout (and cut them back when loading).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,11 +34,6 @@ import torch.distributed as dist
 from twinkle.errors import ConfigurationError
 from twinkle.infra import DeviceMesh
 from twinkle.model.parallel.tensors import own_group
-
-# Attention and the router, not the experts (PEFT's "all-linear" targets a MoE model's experts too).
-_SUGGESTED_CONFIG = (
-    "LoraConfig(target_modules=['q_proj', 'k_proj', 'v_proj', 'o_proj'], target_parameters=['gate.weight'])"
-)
 
 
 class _AllToAllRows(torch.autograd.Function):
@@ -72,6 +75,15 @@ def fused_experts(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module
             yield name, module
 
 
+def _check_fused(experts: Any) -> None:
+    extra = sorted(set(dict(experts.named_parameters(recurse=False))) - {"gate_up_proj", "down_proj"})
+    if extra or getattr(experts, "is_transposed", False):
+        raise ConfigurationError(
+            f"expert parallelism supports fused experts of gate_up_proj [E, 2I, H] and down_proj [E, H, I] only; "
+            f"{type(experts).__name__} also has {extra or 'transposed weights'}"
+        )
+
+
 class ExpertShard(torch.nn.Module):
     """Experts ``first .. first + count - 1`` of a fused experts module, served to the whole group's tokens."""
 
@@ -79,19 +91,15 @@ class ExpertShard(torch.nn.Module):
 
     def __init__(self, experts: Any, rank: int, size: int, group: dist.ProcessGroup) -> None:
         super().__init__()
-        extra = sorted(set(dict(experts.named_parameters(recurse=False))) - {"gate_up_proj", "down_proj"})
-        if extra or getattr(experts, "is_transposed", False):
-            raise ConfigurationError(
-                f"expert parallelism supports fused experts of gate_up_proj [E, 2I, H] and down_proj [E, H, I] only; "
-                f"{type(experts).__name__} also has {extra or 'transposed weights'}"
-            )
+        _check_fused(experts)
         self.num_experts = int(experts.gate_up_proj.shape[0])
         self.count = self.num_experts // size
         self.first = rank * self.count
         self.size, self.group, self.act_fn = size, group, experts.act_fn
         own = slice(self.first, self.first + self.count)
-        self.gate_up_proj = torch.nn.Parameter(experts.gate_up_proj.data[own].clone(), requires_grad=False)
-        self.down_proj = torch.nn.Parameter(experts.down_proj.data[own].clone(), requires_grad=False)
+        for param in ("gate_up_proj", "down_proj"):  # trained in full-parameter training, frozen under LoRA
+            whole = experts.get_parameter(param)
+            setattr(self, param, torch.nn.Parameter(whole.data[own].clone(), requires_grad=whole.requires_grad))
 
     def forward(self, hidden_NH: torch.Tensor, top_k_index_NK: torch.Tensor, top_k_weights_NK: torch.Tensor) -> Any:
         experts_A = top_k_index_NK.reshape(-1)  # one (token, expert) assignment per entry
@@ -129,52 +137,156 @@ class ExpertParallel:
     def __init__(self, mesh: DeviceMesh, rank: int) -> None:
         self.size = mesh.ep_size
         self.rank_in_group = mesh.expert_rank(rank)
-        self.group = own_group(mesh.expert_groups(), rank)
+        groups = mesh.expert_groups()
+        self.group = own_group(groups, rank)
+        # The ranks holding the same experts (one per expert-parallel group), when there are several groups.
+        replicas = [[group[index] for group in groups] for index in range(self.size)]
+        self.replica_group = own_group(replicas, rank) if len(groups) > 1 else None
+        self._synced: dict[int, tuple[int, int]] = {}  # param id -> (grad id, grad version) when last synced
 
     def prepare(self, model: torch.nn.Module) -> None:
-        """Replace every fused experts module of ``model`` by this rank's :class:`ExpertShard`."""
+        """Refuse a model whose experts cannot be spread over the group, before anything is built."""
         found = list(fused_experts(model))
         if not found:
             raise ConfigurationError(
                 f"ep_size={self.size}: {type(model).__name__} has no fused MoE experts to spread over the ranks"
             )
         for name, experts in found:
+            _check_fused(experts)
             total = int(experts.get_parameter("gate_up_proj").shape[0])
             if total % self.size:
                 raise ConfigurationError(
                     f"ep_size={self.size} must divide the number of experts per MoE layer ({total}, in {name})"
                 )
+
+    def shard(self, model: torch.nn.Module) -> None:
+        """Replace every fused experts module by this rank's :class:`ExpertShard`, cutting their LoRA pairs too.
+
+        Done when the model is wrapped, after its adapters were added: they were initialised as in one
+        process (the same random draws), so every rank keeps its experts' part of the same weights.
+        """
+        for name, experts in list(fused_experts(model)):
+            shard = ExpertShard(experts, self.rank_in_group, self.size, self.group)
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, ExpertShard(experts, self.rank_in_group, self.size, self.group))
+            setattr(parent, child, shard)
+        slices = self.expert_slices(model)  # the shards' own tensors, and their adapters' still whole
+        for module in model.modules():
+            shard = _adapted_shard(module)
+            if shard is None:
+                continue
+            module.num_experts = shard.count  # PEFT's ParamWrapper reads its pairs per expert by it
+            for part in (*module.lora_A.values(), *module.lora_B.values()):
+                cut = slices[part.weight.data_ptr()].cut(part.weight.data)
+                part.weight = torch.nn.Parameter(cut, requires_grad=part.weight.requires_grad)
 
     def expert_params(self, model: torch.nn.Module) -> set[torch.nn.Parameter]:
-        """The experts' parameters (this rank's own), which FSDP must leave alone."""
-        return {param for module in model.modules() if isinstance(module, ExpertShard) for param in module.parameters()}
+        """This rank's expert-local parameters (its experts and their LoRA pairs), which FSDP must leave alone."""
+        slices = self.expert_slices(model)
+        return {param for param in model.parameters() if param.data_ptr() in slices}
 
-    def check_trainable(self, model: torch.nn.Module, trains_full_model: bool) -> None:
-        """Refuse training anything in the experts: each rank holds different ones."""
-        if trains_full_model:
-            raise ConfigurationError(
-                f"full-parameter training under expert parallelism (ep_size={self.size}) is not supported: the "
-                f"experts stay frozen; train a LoRA adapter whose targets exclude them, e.g. {_SUGGESTED_CONFIG}"
-            )
-        roots = [self._root(name) for name, module in model.named_modules() if isinstance(module, ExpertShard)]
-        trained = [
-            name
-            for name, param in model.named_parameters()
-            if param.requires_grad and any(name.startswith(f"{root}.") for root in roots)
-        ]
-        if trained:
-            raise ConfigurationError(
-                f"under expert parallelism (ep_size={self.size}) the experts stay frozen, but {len(trained)} "
-                f"parameter(s) of the adapter are in them (e.g. {trained[0]}); name targets that exclude them "
-                f"(PEFT's 'all-linear' adds a MoE model's experts), e.g. {_SUGGESTED_CONFIG}"
-            )
+    def expert_slices(self, model: torch.nn.Module) -> dict[int, ExpertSlice]:
+        """This rank's expert-local tensors (its experts' weights and their LoRA pairs), by ``data_ptr``."""
+        slices: dict[int, ExpertSlice] = {}
+        for module in model.modules():
+            if isinstance(module, ExpertShard):
+                for param in module.parameters(recurse=False):
+                    slices[param.data_ptr()] = ExpertSlice(False, module.count, self.rank_in_group, self.size)
+            shard = _adapted_shard(module)
+            if shard is not None:  # a PEFT ParamWrapper on a shard's tensor: one pair per expert and adapter
+                for lora_A, lora_B in zip(module.lora_A.values(), module.lora_B.values(), strict=True):
+                    slices[lora_A.weight.data_ptr()] = ExpertSlice(False, shard.count, self.rank_in_group, self.size)
+                    slices[lora_B.weight.data_ptr()] = ExpertSlice(True, shard.count, self.rank_in_group, self.size)
+        return slices
 
-    @staticmethod
-    def _root(name: str) -> str:
-        """The experts' own path, above any adapter layers wrapped around them (PEFT's ``.base_layer``)."""
-        while name.endswith(".base_layer"):
-            name = name.removesuffix(".base_layer")
-        return name
+    def sync_gradients(self, model: torch.nn.Module, params: Iterable[torch.nn.Parameter], world_size: int) -> None:
+        """Make the expert-local gradients among ``params`` what FSDP2's would be.
+
+        An expert's gradient already holds every token of its expert-parallel
+        group (the all-to-all's backward brought them); ranks holding the same
+        experts add theirs, and the sum is divided by the world size, as FSDP2
+        averages. Gradients synced before (and not accumulated into since) are
+        left alone, so calling it again is harmless.
+        """
+        slices = self.expert_slices(model)
+        for param in params:
+            if param.data_ptr() not in slices:
+                continue
+            if param.grad is None:  # no token reached this rank's experts: it still takes part
+                param.grad = torch.zeros_like(param)
+            if self._synced.get(id(param)) == (id(param.grad), param.grad._version):
+                continue
+            if self.replica_group is not None:
+                dist.all_reduce(param.grad, group=self.replica_group)
+            param.grad.div_(world_size)
+        self.mark_synced(params)
+
+    def mark_synced(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Take ``params``' gradients as they are now for synced (after clipping scaled them in place)."""
+        for param in params:
+            if param.grad is not None:
+                self._synced[id(param)] = (id(param.grad), param.grad._version)
+
+    def squared_norm(self, model: torch.nn.Module, params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
+        """The squared L2 norm of every expert's gradient among ``params``, summed over the group's experts."""
+        slices = self.expert_slices(model)
+        local = [param.grad for param in params if param.data_ptr() in slices and param.grad is not None]
+        total = torch.zeros((), dtype=torch.float64)
+        for grad in local:
+            total = total + grad.detach().double().pow(2).sum().cpu()
+        dist.all_reduce(total, group=self.group)
+        return total
+
+    def gathered(self, model: torch.nn.Module, tensors: dict[str, Any]) -> dict[str, Any]:
+        """``tensors`` (a state dict) with every expert-local tensor replaced by the whole group's (a collective)."""
+        slices = self.expert_slices(model)
+        return {
+            key: slices[value.data_ptr()].gather(value, self.group)
+            if torch.is_tensor(value) and value.data_ptr() in slices
+            else value
+            for key, value in tensors.items()
+        }
+
+    def local_part(self, model: torch.nn.Module, param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+        """This rank's part of ``full`` (a checkpoint's tensor) for ``param`` (``full`` itself if not expert-local)."""
+        expert_slice = self.expert_slices(model).get(param.data_ptr())
+        if expert_slice is None or full.shape == param.shape or full.dim() != param.dim():  # e.g. Adam's step
+            return full
+        return expert_slice.cut(full)
+
+
+@dataclass(frozen=True)
+class ExpertSlice:
+    """How a rank's tensor holds its ``local_experts`` experts of the full one (rank ``rank`` of ``size``).
+
+    Expert tensors ``[E/ep, ...]`` and LoRA A ``[r·E/ep, in]`` are contiguous row blocks; LoRA B
+    ``[out, r·E/ep]`` has the expert as its minor column index (``experts_minor``).
+    """
+
+    experts_minor: bool
+    local_experts: int
+    rank: int
+    size: int
+
+    def gather(self, local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        parts = [torch.empty_like(local) for _ in range(self.size)]
+        dist.all_gather(parts, local.detach().contiguous(), group=group)
+        if not self.experts_minor:
+            return torch.cat(parts)
+        out = local.shape[0]
+        return torch.cat([part.view(out, -1, self.local_experts) for part in parts], dim=2).reshape(out, -1)
+
+    def cut(self, full: torch.Tensor) -> torch.Tensor:
+        if not self.experts_minor:
+            return full.chunk(self.size)[self.rank].clone()
+        out, experts = full.shape[0], self.local_experts * self.size
+        own = slice(self.rank * self.local_experts, (self.rank + 1) * self.local_experts)
+        return full.view(out, -1, experts)[:, :, own].reshape(out, -1).clone()
+
+
+def _adapted_shard(module: torch.nn.Module) -> ExpertShard | None:
+    """The :class:`ExpertShard` under a PEFT ``ParamWrapper`` (``lora_A``/``lora_B`` on one of its tensors)."""
+    if not (hasattr(module, "lora_A") and hasattr(module, "parameter_name") and hasattr(module, "get_base_layer")):
+        return None
+    base = module.get_base_layer()
+    return base if isinstance(base, ExpertShard) else None

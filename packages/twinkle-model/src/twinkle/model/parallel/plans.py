@@ -29,11 +29,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from twinkle.errors import ConfigurationError
 from twinkle.infra import DeviceMesh, get_runtime
 from twinkle.model.parallel import tensors as distributed
 from twinkle.model.parallel.experts import ExpertParallel
+from twinkle.model.parallel.tensors import full_tensors, shard_optimizer_state
 from twinkle.model.parallel.ulysses import SequenceParallel
 from twinkle.model.train_state import TrainState
 from twinkle.utils import get_logger
@@ -91,6 +93,31 @@ class Parallelism:
         """
         return loss / (gradient_accumulation_steps / self.data_world_size)
 
+    def sync_gradients(self, model: torch.nn.Module, params: Sequence[torch.nn.Parameter]) -> None:
+        """Finish the gradients the wrapper does not sync in backward (expert-local ones), before a step."""
+
+    def clip_grad_norm(self, model: torch.nn.Module, params: Sequence[torch.nn.Parameter], max_norm: float) -> float:
+        """Clip ``params``' gradients to ``max_norm`` (L2, over every rank's share); the norm before clipping."""
+        return float(full_tensors(torch.nn.utils.clip_grad_norm_(params, max_norm)))  # FSDP: a DTensor
+
+    def gathered(self, model: torch.nn.Module, tensors: dict[str, Any]) -> dict[str, Any]:
+        """A state dict of ``model`` whole, as one process holds it (a collective under torchrun)."""
+        return dict(full_tensors(tensors))
+
+    def gathered_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """``optimizer.state_dict()`` whole, as one process holds it (a collective under torchrun)."""
+        return dict(full_tensors(optimizer.state_dict()))
+
+    def local_part(self, model: torch.nn.Module, param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a checkpoint's whole tensor ``full`` for ``param`` (a collective under torchrun)."""
+        return full
+
+    def local_optimizer_state(
+        self, model: torch.nn.Module, state: dict[str, Any], optimizer: torch.optim.Optimizer
+    ) -> dict[str, Any]:
+        """A whole optimizer ``state`` (see :meth:`gathered_optimizer_state`) cut to this rank's parameters."""
+        return shard_optimizer_state(state, optimizer)
+
 
 class DataParallel(Parallelism):
     """DDP (``dp_size``) or FSDP2 (``fsdp_size``, HSDP with both) over torchrun's processes."""
@@ -125,9 +152,9 @@ class DataParallel(Parallelism):
                 f"data-parallel training trains one adapter (or the full model) per model, got {len(states)}: "
                 f"{[s.name for s in states]}"
             )
-        if self.experts is not None:
-            self.experts.check_trainable(model, any(not state.is_adapter for state in states))
         names = {id(param): name for name, param in model.named_parameters()}
+        if self.experts is not None:
+            self.experts.shard(model)
         runner = _Runner(model)
         self._module = self._shard(runner) if self.sharded else self._replicate(runner)
         current = dict(model.named_parameters())
@@ -165,6 +192,70 @@ class DataParallel(Parallelism):
     def all_or_none(self) -> AbstractContextManager[None]:
         return distributed.all_or_none(self._comm_device)
 
+    def sync_gradients(self, model: torch.nn.Module, params: Sequence[torch.nn.Parameter]) -> None:
+        if self.experts is not None:
+            self.experts.sync_gradients(model, params, self.mesh.world_size)
+
+    def clip_grad_norm(self, model: torch.nn.Module, params: Sequence[torch.nn.Parameter], max_norm: float) -> float:
+        if self.experts is None:
+            return super().clip_grad_norm(model, params, max_norm)
+        self.sync_gradients(model, params)
+        experts = self.experts.expert_params(model)
+        shared = [param.grad for param in params if param not in experts and param.grad is not None]
+        squared = self.experts.squared_norm(model, params)
+        if shared:
+            squared = squared + float(full_tensors(torch.nn.utils.get_total_norm(shared))) ** 2
+        norm = float(squared.sqrt())
+        coefficient = min(max_norm / (norm + 1e-6), 1.0)  # as torch.nn.utils.clip_grad_norm_ scales
+        for param in params:
+            if param.grad is not None:
+                param.grad.mul_(coefficient)
+        self.experts.mark_synced(params)  # scaled in place, but synced already
+        return norm
+
+    def gathered(self, model: torch.nn.Module, tensors: dict[str, Any]) -> dict[str, Any]:
+        whole = super().gathered(model, tensors)
+        return self.experts.gathered(model, whole) if self.experts is not None else whole
+
+    def gathered_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        state = optimizer.state_dict()
+        if self.experts is not None:  # an expert parameter's moments are gathered as the parameter is
+            params = [param for group in optimizer.param_groups for param in group["params"]]
+            slices, group = self.experts.expert_slices(model), self.experts.group
+            whole: dict[int, dict[str, Any]] = {}  # new dicts: state_dict() shares the optimizer's own
+            for index, values in state["state"].items():
+                expert_slice = slices.get(params[index].data_ptr())
+                whole[index] = {
+                    key: expert_slice.gather(value, group)
+                    if expert_slice is not None and torch.is_tensor(value) and value.shape == params[index].shape
+                    else value
+                    for key, value in values.items()
+                }
+            state = {**state, "state": whole}
+        return dict(full_tensors(state))
+
+    def local_part(self, model: torch.nn.Module, param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+        if isinstance(param, DTensor):  # sharded by FSDP2, laid out like the parameter
+            return distribute_tensor(full.to(param.device), param.device_mesh, param.placements)
+        return self.experts.local_part(model, param, full) if self.experts is not None else full
+
+    def local_optimizer_state(
+        self, model: torch.nn.Module, state: dict[str, Any], optimizer: torch.optim.Optimizer
+    ) -> dict[str, Any]:
+        if self.experts is not None:
+            params = [param for group in optimizer.param_groups for param in group["params"]]
+            state = {
+                **state,
+                "state": {
+                    index: {
+                        key: self.experts.local_part(model, params[index], value) if torch.is_tensor(value) else value
+                        for key, value in values.items()
+                    }
+                    for index, values in state["state"].items()
+                },
+            }
+        return shard_optimizer_state(state, optimizer)
+
     @property
     def _comm_device(self) -> torch.device:
         return self.device if self.device.type == "cuda" else torch.device("cpu")
@@ -184,8 +275,10 @@ class DataParallel(Parallelism):
         dp, fsdp = self.mesh.size("dp"), self.mesh.size("fsdp")
         torch_mesh = init_device_mesh(self.device.type, (dp, fsdp), mesh_dim_names=("dp", "fsdp"))
         shard_mesh = torch_mesh if dp > 1 else torch_mesh["fsdp"]  # a 2-D mesh makes fully_shard HSDP
+        # Each rank's experts are its own (expert parallelism): FSDP2 leaves them where they are.
+        ignored = self.experts.expert_params(runner) if self.experts is not None else set()
         for param in runner.parameters():  # each rank keeps its shard of rank 0's (random) initial weights
-            if param.requires_grad:
+            if param.requires_grad and param not in ignored:
                 dist.broadcast(param.data, src=0)
         layers = list(_decoder_layers(runner.model))
         if not layers:
@@ -193,8 +286,6 @@ class DataParallel(Parallelism):
                 f"FSDP needs the model's decoder layer class (transformers' _no_split_modules); "
                 f"{type(runner.model).__name__} declares none"
             )
-        # Each rank's experts are its own (expert parallelism): FSDP2 leaves them where they are.
-        ignored = self.experts.expert_params(runner) if self.experts is not None else None
         for layer in layers:  # frozen base and trainable LoRA weights may share a layer: FSDP2 allows it
             fully_shard(layer, mesh=shard_mesh, ignored_params=ignored)
         fully_shard(runner, mesh=shard_mesh, ignored_params=ignored)  # makes runner itself an FSDPModule
