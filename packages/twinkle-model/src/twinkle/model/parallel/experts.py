@@ -88,6 +88,8 @@ class ExpertShard(torch.nn.Module):
     """Experts ``first .. first + count - 1`` of a fused experts module, served to the whole group's tokens."""
 
     act_fn: Callable[[torch.Tensor], torch.Tensor]
+    gate_up_proj: torch.nn.Parameter
+    down_proj: torch.nn.Parameter
 
     def __init__(self, experts: Any, rank: int, size: int, group: dist.ProcessGroup) -> None:
         super().__init__()
@@ -171,12 +173,13 @@ class ExpertParallel:
             parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, child, shard)
         slices = self.expert_slices(model)  # the shards' own tensors, and their adapters' still whole
-        for module in model.modules():
-            shard = _adapted_shard(module)
-            if shard is None:
+        wrapper: Any  # PEFT's ParamWrapper
+        for wrapper in model.modules():
+            owner = _adapted_shard(wrapper)
+            if owner is None:
                 continue
-            module.num_experts = shard.count  # PEFT's ParamWrapper reads its pairs per expert by it
-            for part in (*module.lora_A.values(), *module.lora_B.values()):
+            wrapper.num_experts = owner.count  # PEFT's ParamWrapper reads its pairs per expert by it
+            for part in (*wrapper.lora_A.values(), *wrapper.lora_B.values()):
                 cut = slices[part.weight.data_ptr()].cut(part.weight.data)
                 part.weight = torch.nn.Parameter(cut, requires_grad=part.weight.requires_grad)
 
@@ -188,6 +191,7 @@ class ExpertParallel:
     def expert_slices(self, model: torch.nn.Module) -> dict[int, ExpertSlice]:
         """This rank's expert-local tensors (its experts' weights and their LoRA pairs), by ``data_ptr``."""
         slices: dict[int, ExpertSlice] = {}
+        module: Any  # an ExpertShard, PEFT's ParamWrapper or any other module
         for module in model.modules():
             if isinstance(module, ExpertShard):
                 for param in module.parameters(recurse=False):
@@ -284,7 +288,7 @@ class ExpertSlice:
         return full.view(out, -1, experts)[:, :, own].reshape(out, -1).clone()
 
 
-def _adapted_shard(module: torch.nn.Module) -> ExpertShard | None:
+def _adapted_shard(module: Any) -> ExpertShard | None:
     """The :class:`ExpertShard` under a PEFT ``ParamWrapper`` (``lora_A``/``lora_B`` on one of its tensors)."""
     if not (hasattr(module, "lora_A") and hasattr(module, "parameter_name") and hasattr(module, "get_base_layer")):
         return None
