@@ -19,6 +19,11 @@ model and the sampler as Ray actors.
 The recipe builds its parts from the classes in a ``Components``: twinkle's here,
 twinkle_client's in cookbook/client/twinkle/self_host/short_math_grpo.py, which
 runs this same ``main`` on a Twinkle server.
+
+``SAMPLER=vllm`` samples with ``vLLMSampler`` (extra ``twinkle-sampler[vllm]``;
+``make test-vllm``'s venv has the CPU build). vLLM's CPU attention runs no
+heads smaller than 32, so on the default model the recipe then uses the
+embedded tiny Qwen3 built with ``head_dim=32`` (same tokenizer and data).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
@@ -44,6 +50,7 @@ if TYPE_CHECKING:
     from twinkle.sampler import TorchSampler
 
 MODEL_ID = os.environ.get("MODEL_ID", "builtin://qwen3-tiny")
+SAMPLER = os.environ.get("SAMPLER", "torch")  # "torch" (TorchSampler) or "vllm" (vLLMSampler)
 SEED = int(os.environ.get("SEED", 42))
 WARMUP_STEPS = int(os.environ.get("WARMUP_STEPS", 60))
 WARMUP_LR = float(os.environ.get("WARMUP_LR", 1e-3))
@@ -107,12 +114,14 @@ def warm_up_checkpoint(components: Components, **placement: Any) -> str:
 
     ``placement`` (``remote_group=``, ``device_mesh=``) puts the model on a device group in Ray mode.
     """
-    directory = os.path.join(OUTPUT_DIR, f"warmup-{WARMUP_STEPS}-steps")
+    model_id = initial_model()
+    suffix = "" if model_id == MODEL_ID else "-head32"
+    directory = os.path.join(OUTPUT_DIR, f"warmup-{WARMUP_STEPS}-steps{suffix}")
     marker = os.path.join(directory, "checkpoint-path")
     if os.path.exists(marker):
         with open(marker) as file:
             return file.read()
-    model = components.TransformersModel(model_id=MODEL_ID, **placement)
+    model = components.TransformersModel(model_id=model_id, **placement)
     model.set_optimizer("AdamW", lr=WARMUP_LR)
     warm_up_data = create_dataset(components, for_sampling=False)
     dataloader = components.DataLoader(dataset=warm_up_data, batch_size=16, shuffle=True, seed=SEED)
@@ -125,6 +134,21 @@ def warm_up_checkpoint(components: Components, **placement: Any) -> str:
     with open(marker, "w") as file:  # written last: a half-finished warm-up is redone
         file.write(checkpoint)
     return checkpoint
+
+
+def initial_model() -> str:
+    """MODEL_ID; for vLLM on the default model, that model with ``head_dim=32`` (written once under OUTPUT_DIR)."""
+    if SAMPLER != "vllm" or MODEL_ID != "builtin://qwen3-tiny":
+        return MODEL_ID
+    from twinkle.hub.models.qwen3_tiny import qwen3_weights, tiny_config, write_model
+
+    target = os.path.join(OUTPUT_DIR, "qwen3-tiny-head32")
+    if not os.path.exists(os.path.join(target, "model.safetensors")):
+        config = tiny_config()
+        config.head_dim = 32
+        os.makedirs(target, exist_ok=True)
+        write_model(Path(target), config, qwen3_weights(config))
+    return os.path.abspath(target)
 
 
 def compute_rewards(trajectories: list) -> tuple[list[float], list[float], list[float]]:
@@ -162,7 +186,15 @@ def build_model(components: Components, base_model: str, **placement: Any) -> Tr
 
 
 def build_sampler(components: Components, base_model: str, **placement: Any) -> TorchSampler:
-    sampler = components.TorchSampler(model_id=base_model, **placement)
+    if SAMPLER == "vllm":  # in-process engine, fp32 (log-probs equal the trainer's), one slot beside the policy's
+        from twinkle.sampler import vLLMSampler
+
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        engine_args = {"dtype": "float32", "max_model_len": 1024, "enforce_eager": True, "enable_lora": True}
+        engine_args.update(max_lora_rank=16, max_loras=2)
+        sampler = vLLMSampler(model_id=base_model, engine_args=engine_args, **placement)
+    else:
+        sampler = components.TorchSampler(model_id=base_model, **placement)
     sampler.set_template("Template", model_id=base_model, enable_thinking=False)
     return sampler
 
