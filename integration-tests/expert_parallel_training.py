@@ -19,29 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from conversations import encoded_conversations  # beside this script
 from peft import LoraConfig
 
 import twinkle
 from twinkle import DeviceMesh
 from twinkle.model import TransformersModel
-from twinkle.template import Template
 
 MOE = "builtin://qwen3-moe-tiny"
 OPTIONS: dict[str, Any] = {"dtype": torch.float64, "experts_implementation": "eager"}  # grouped matmul: no fp64
-CONVERSATIONS = [
-    ("Who are you?", "I am Twinkle, a small model trained by ModelScope."),
-    ("What is 2 + 3?", "2 + 3 = 5."),
-    ("Name a colour.", "Blue."),
-    ("Say hello in French.", "Bonjour!"),
-]
 
 
 def features() -> list[dict[str, Any]]:
-    template = Template(MOE, max_length=64)
-    return [
-        template.encode({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
-        for q, a in CONVERSATIONS
-    ]
+    return encoded_conversations(MOE)
 
 
 def _model(mesh: DeviceMesh, lora: bool) -> TransformersModel:

@@ -13,6 +13,7 @@ a near tie and change a logit by far more than any tolerance, on some CPUs and n
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +26,13 @@ from twinkle.data_format import IGNORE_INDEX, SamplingParams
 from twinkle.hub import resolve_model
 from twinkle.model import AdapterRequest, MultiLoraModel, TransformersModel
 from twinkle.sampler import TorchSampler
-from twinkle.template import Template
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conversations import encoded_conversations
 
 FAMILIES = ["builtin://llama-tiny", "builtin://qwen2-tiny", "builtin://qwen3-moe-tiny", "builtin://glm4-tiny"]
 DTYPE = torch.float64
 TOL = {"atol": 1e-5, "rtol": 1e-5}
-CONVERSATIONS = [
-    ("Who are you?", "I am Twinkle, a small model trained by ModelScope."),
-    ("What is 2 + 3?", "2 + 3 = 5."),
-    ("Name a colour.", "Blue."),
-    ("Say hello in French.", "Bonjour!"),
-]
 
 pytestmark = [pytest.mark.integration]
 
@@ -43,12 +40,7 @@ pytestmark = [pytest.mark.integration]
 @pytest.fixture(scope="module", params=FAMILIES, ids=lambda model_id: model_id.removeprefix("builtin://"))
 def family(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
     model_id = request.param
-    template = Template(model_id, max_length=64)
-    features = [
-        template.encode({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
-        for q, a in CONVERSATIONS
-    ]
-    return model_id, features
+    return model_id, encoded_conversations(model_id)
 
 
 def _logits(model: Any, features: list[dict[str, Any]]) -> list[torch.Tensor]:

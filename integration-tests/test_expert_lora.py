@@ -13,6 +13,7 @@ the adapter with the base model, with router replay too; and what the layers can
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +29,13 @@ from twinkle.hub import resolve_model
 from twinkle.model import AdapterRequest, MultiLoraModel, TransformersModel
 from twinkle.module import MultiLoraExperts, MultiLoraRouter, adapter_names
 from twinkle.sampler import TorchSampler
-from twinkle.template import Template
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conversations import encoded_conversations
 
 MOE = "builtin://qwen3-moe-tiny"
 OPTIONS: dict[str, Any] = {"dtype": torch.float64, "experts_implementation": "eager"}
 ALL_LINEAR = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
-CONVERSATIONS = [
-    ("Who are you?", "I am Twinkle, a small model trained by ModelScope."),
-    ("What is 2 + 3?", "2 + 3 = 5."),
-    ("Name a colour.", "Blue."),
-    ("Say hello in French.", "Bonjour!"),
-]
 
 pytestmark = [pytest.mark.integration]
 
@@ -49,11 +46,7 @@ def _plain() -> Any:
 
 @pytest.fixture(scope="module")
 def features() -> list[dict[str, Any]]:
-    template = Template(MOE, max_length=64)
-    return [
-        template.encode({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
-        for q, a in CONVERSATIONS
-    ]
+    return encoded_conversations(MOE)
 
 
 @pytest.fixture(scope="module")
