@@ -155,4 +155,6 @@ def test_what_expert_lora_cannot_compute_is_refused():
         model.add_adapter_to_model(
             "norm", LoraConfig(r=2, target_modules=[], target_parameters=["input_layernorm.weight"])
         )
+    with pytest.raises(ConfigurationError, match="gate_proj without also targeting up_proj"):
+        model.add_adapter_to_model("half", LoraConfig(r=2, target_modules=["q_proj", "gate_proj"]))
     assert adapter_names(model.model) == []

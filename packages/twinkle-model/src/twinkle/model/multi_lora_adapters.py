@@ -156,7 +156,10 @@ def as_peft_resolves(model: Any, config: LoraConfig) -> LoraConfig:
     v4 expert names) also targets the fused experts and the router, a fused ``gate_up_proj`` with twice
     the rank and alpha. Saved, the result loads in PEFT with the same targets."""
     converted = copy.deepcopy(config)
-    convert_peft_config_for_transformers(converted, model=model, conversions=None)
+    try:
+        convert_peft_config_for_transformers(converted, model=model, conversions=None)
+    except ValueError as exc:  # e.g. gate_proj without up_proj, which the MoE layers fuse into one tensor
+        raise ConfigurationError(f"cannot adapt {type(model).__name__} with this LoraConfig: {exc}") from exc
     if not converted.target_parameters:
         return config
     resolved = copy.deepcopy(config)
