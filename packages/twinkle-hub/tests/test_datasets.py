@@ -108,3 +108,41 @@ def test_preference_is_consistent(preference_dir, read_jsonl):
         assert rude or wrong, row
         kinds.add((rude, wrong))
     assert kinds == {(True, False), (False, True), (True, True)}
+
+
+def test_clevr_mini_answers_follow_from_the_drawn_scenes(read_jsonl, tmp_path):
+    import base64
+    import io
+
+    from PIL import Image
+
+    from twinkle.hub.data import clevr_mini
+
+    first = Path(resolve_dataset("builtin://clevr-mini"))
+    rows = {split: read_jsonl(first / f"{split}.jsonl") for split in ("train", "test")}
+    assert (len(rows["train"]), len(rows["test"])) == (clevr_mini.TRAIN_SIZE, clevr_mini.TEST_SIZE)
+    train_keys = {row["image"] + row["question"] for row in rows["train"]}
+    assert not any(row["image"] + row["question"] in train_keys for row in rows["test"])
+    assert {row["type"] for row in rows["test"]} == {"count", "count_color", "color", "shape"}
+    for row in rows["test"]:
+        objects, question = row["objects"], row["question"]
+        colors, shapes = [o["color"] for o in objects], [o["shape"] for o in objects]
+        if row["type"] == "count":
+            expected = str(len(objects))
+        elif row["type"] == "count_color":
+            expected = str(colors.count(question.split()[2]))
+        elif row["type"] == "color":
+            shape = question.removesuffix("?").split()[-1]
+            assert shapes.count(shape) == 1
+            expected = colors[shapes.index(shape)]
+        else:
+            color = question.split()[4]
+            assert colors.count(color) == 1
+            expected = shapes[colors.index(color)]
+        assert row["answer"] == expected, row
+        image = Image.open(io.BytesIO(base64.b64decode(row["image"].removeprefix("data:image/png;base64,"))))
+        assert image.size == (64, 64)
+        for obj in objects:  # each object is drawn in its colour at its centre
+            assert image.getpixel((obj["x"], obj["y"])) == clevr_mini.COLORS[obj["color"]]
+    clevr_mini.build(tmp_path)
+    assert (tmp_path / "test.jsonl").read_bytes() == (first / "test.jsonl").read_bytes()

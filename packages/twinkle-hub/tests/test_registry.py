@@ -13,8 +13,14 @@ MODELS = [
     "builtin://qwen2-tiny",
     "builtin://qwen3-moe-tiny",
     "builtin://glm4-tiny",
+    "builtin://qwen3-vl-tiny",
 ]
-DATASETS = ["builtin://self-cognition", "builtin://gsm8k-mini", "builtin://preference-mini"]
+DATASETS = [
+    "builtin://self-cognition",
+    "builtin://gsm8k-mini",
+    "builtin://preference-mini",
+    "builtin://clevr-mini",
+]
 
 
 def test_list_builtin_has_every_id_with_a_one_line_description():

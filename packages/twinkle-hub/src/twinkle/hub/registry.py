@@ -83,6 +83,14 @@ _SPECS = (
         builder="twinkle.hub.models.families:build_glm4_tiny",
     ),
     BuiltinSpec(
+        id="builtin://qwen3-vl-tiny",
+        kind="model",
+        description="Qwen3-VL vision-language model (2-block ViT over 16-pixel patches, 4-layer hidden-64 Qwen3 "
+        "language model) with the Qwen3 tokenizer and an image processor; random weights",
+        version=1,
+        builder="twinkle.hub.models.qwen3_vl_tiny:build",
+    ),
+    BuiltinSpec(
         id="builtin://self-cognition",
         kind="dataset",
         description="English and Chinese self-introduction Q&A with {{NAME}}/{{AUTHOR}} placeholders (train)",
@@ -102,6 +110,14 @@ _SPECS = (
         description="DPO pairs: polite correct arithmetic answers preferred over wrong or rude ones (train/test)",
         version=1,
         builder="twinkle.hub.data.preference_mini:build",
+    ),
+    BuiltinSpec(
+        id="builtin://clevr-mini",
+        kind="dataset",
+        description="64x64 CLEVR-style scenes drawn with Pillow, with counting, colour and shape questions and "
+        "short verifiable answers (train/test)",
+        version=1,
+        builder="twinkle.hub.data.clevr_mini:build",
     ),
 )
 _BUILTINS = {spec.id: spec for spec in _SPECS}

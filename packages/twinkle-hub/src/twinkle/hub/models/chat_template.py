@@ -86,3 +86,30 @@ QWEN3_CHAT_TEMPLATE = r"""
     {%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\n\n</think>\n\n' -}}{%- endif -%}
 {%- endif -%}
 """
+
+_TEXT_MACRO = r"""{%- macro text(content) -%}
+    {{- content if content is string else '' -}}
+{%- endmacro -%}"""
+
+# ``builtin://qwen3-vl-tiny``: the same ChatML, where a message's content may also be a list of parts, as
+# Qwen3-VL's template takes them: ``{"type": "text", "text": ...}`` renders its text and ``{"type": "image"}``
+# (or a part holding ``image`` / ``image_url``) the image's placeholder, which the processor then expands to
+# one ``<|image_pad|>`` per vision token.
+QWEN3_VL_CHAT_TEMPLATE = QWEN3_CHAT_TEMPLATE.replace(
+    _TEXT_MACRO,
+    r"""{%- macro text(content) -%}
+    {%- if content is string -%}
+        {{- content -}}
+    {%- else -%}
+        {%- for part in content -%}
+            {%- if part.type == 'image' or 'image' in part or 'image_url' in part -%}
+                {{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
+            {%- elif 'text' in part -%}
+                {{- part.text -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}""",
+)
+if QWEN3_VL_CHAT_TEMPLATE == QWEN3_CHAT_TEMPLATE:  # pragma: no cover - guards an edit of the macro above
+    raise RuntimeError("QWEN3_VL_CHAT_TEMPLATE: the text macro of QWEN3_CHAT_TEMPLATE was not found")

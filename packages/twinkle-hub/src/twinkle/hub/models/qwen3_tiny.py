@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from safetensors.numpy import save_file
 
+from twinkle.hub.models.chat_template import QWEN3_CHAT_TEMPLATE
 from twinkle.hub.models.decoder_weights import DecoderLayout, decoder_weights
 from twinkle.hub.models.tokenizer import BPE_VOCAB_SIZE, MODEL_MAX_LENGTH, build_tokenizer
 
@@ -68,7 +69,9 @@ def build(target: Path) -> None:
     write_model(target, config, qwen3_weights(config))
 
 
-def write_model(target: Path, config: Any, weights: dict[str, np.ndarray]) -> None:
+def write_model(
+    target: Path, config: Any, weights: dict[str, np.ndarray], chat_template: str = QWEN3_CHAT_TEMPLATE
+) -> None:
     """A model directory with ``config``, ``weights`` and the Qwen tokenizer, chat template and generation ids."""
     config.save_pretrained(str(target))
     save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
@@ -78,4 +81,4 @@ def write_model(target: Path, config: Any, weights: dict[str, np.ndarray]) -> No
         "pad_token_id": ENDOFTEXT_ID,
     }
     (target / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
-    build_tokenizer(target)
+    build_tokenizer(target, chat_template)

