@@ -95,6 +95,18 @@ def test_the_adapter_adapts_experts_and_router(peft_adapter):
     assert tensors["base_model.model.model.layers.0.mlp.gate.lora_B.weight"].shape == (experts, 4)
 
 
+def test_mlp_targets_adapt_the_experts_as_peft_maps_them():
+    """Tinker's train_mlp (gate/up/down_proj) on a MoE model: the fused experts, gate_up_proj at twice the rank."""
+    model = MultiLoraModel(MOE, device="cpu", **OPTIONS)
+    mlp = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model.add_adapter_to_model("mlp", LoraConfig(r=4, lora_alpha=32, target_modules=mlp), seed=0)
+    config = model.adapter_config("mlp")
+    assert sorted(config.target_parameters) == ["down_proj", "gate_up_proj"]
+    assert config.rank_pattern == {r".*\.gate_up_proj": 8} and config.alpha_pattern == {r".*\.gate_up_proj": 64}
+    _, tensors = model.lora_payload("mlp")
+    assert tensors["base_model.model.model.layers.3.mlp.experts.base_layer.lora_A.weight"].shape == (8 * 8, 64)
+
+
 def test_a_shared_pass_gives_the_expert_adapter_pefts_loss_and_gradients(peft_adapter, features):
     model = MultiLoraModel(MOE, device="cpu", **OPTIONS)
     model.add_adapter_to_model("moe", str(peft_adapter))
