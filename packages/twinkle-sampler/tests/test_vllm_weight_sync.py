@@ -96,8 +96,6 @@ def test_full_parameter_sync_including_the_tied_embedding(sampler, vllm_trainer,
 
 def test_a_sync_without_resetting_the_prefix_cache_samples_from_stale_prefixes(sampler, vllm_trainer, vllm_prompts):
     """Shown once on the raw engine: reload weights, keep the prefix cache, and a cached prompt is wrong."""
-    from twinkle.sampler.vllm_engine import retie_output_layer
-
     block = sampler.llm.llm_engine.vllm_config.cache_config.block_size
     long_prompt = {"input_ids": [token for p in vllm_prompts for token in p["input_ids"]][: 2 * block + 5]}
     assert len(long_prompt["input_ids"]) > block, "the prompt fills at least one cached block"
@@ -109,7 +107,7 @@ def test_a_sync_without_resetting_the_prefix_cache_samples_from_stale_prefixes(s
             param.mul_(1.05)  # the trainer moves on
     weights = list(model.model.state_dict().items())
     sampler.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-    sampler.llm.collective_rpc(retie_output_layer)
+    sampler.llm.collective_rpc("twinkle_retie_output_layer")
     stale = sampler.sample(long_prompt, PARAMS, use_base_model=True)
     stale_gap = gap(stale.sequences, completion_logps(model, stale.sequences))
     sampler.reset_prefix_cache()

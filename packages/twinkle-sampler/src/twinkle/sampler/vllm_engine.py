@@ -4,9 +4,11 @@
   (config on the ``meta`` device, no weights): the linear layers LoRA may
   target, one layer for probe and zero adapters, and whether vLLM's CPU
   attention kernels support the head size.
-- **Worker functions** run inside the engine's workers through the public
-  ``collective_rpc`` (in-process or in engine subprocesses alike), so they are
-  module-level functions taking the worker:
+- **Worker methods**, mixed into the engine's workers by vLLM's
+  ``worker_extension_cls`` engine argument (:class:`WorkerExtension`) and
+  called by name through the public ``collective_rpc``, so they run the same
+  in-process and in engine subprocesses (where a function could only be
+  pickled with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``):
 
   - :func:`use_exact_logprobs`: vLLM computes log-probs with a float32
     ``log_softmax``, whose one-pass sum over a 151k vocabulary is off by up to
@@ -20,6 +22,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -95,3 +98,50 @@ def retie_output_layer(worker: Any) -> bool:
     head.quant_method.tie_weights(head, embedding)
     head.quant_method.process_weights_after_loading(head)
     return True
+
+
+class WorkerExtension:
+    """What vLLMSampler calls in vLLM's workers (``worker_extension_cls``; ``self`` is the worker)."""
+
+    def twinkle_use_exact_logprobs(self) -> None:
+        use_exact_logprobs(self)
+
+    def twinkle_retie_output_layer(self) -> bool:
+        return retie_output_layer(self)
+
+    def twinkle_reload_weights(self, weights: list[tuple[str, Any]]) -> None:
+        """vLLM's ``reload_weights`` of named tensors (or :func:`pack`-ed ones), then the tied output layer."""
+        self.reload_weights(weights_iterator=[(name, unpack(value)) for name, value in weights])  # type: ignore[attr-defined]
+        retie_output_layer(self)
+
+
+def pack(tensor: torch.Tensor) -> tuple[str, list[int], bytes]:
+    """A tensor as plain bytes, for engine subprocesses (vLLM's worker queue cannot pickle received tensors)."""
+    contiguous = tensor.detach().cpu().contiguous()
+    return (
+        str(contiguous.dtype).removeprefix("torch."),
+        list(contiguous.shape),
+        contiguous.view(torch.uint8).numpy().tobytes(),
+    )
+
+
+def unpack(value: Any) -> torch.Tensor:
+    """The tensor :func:`pack` made (a tensor passes through)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    dtype, shape, data = value
+    return torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype)).reshape(shape)
+
+
+WORKER_EXTENSION = f"{WorkerExtension.__module__}.{WorkerExtension.__qualname__}"
+
+
+def check_worker_extension(qualname: str) -> None:
+    """A user's own ``worker_extension_cls`` must extend :class:`WorkerExtension` (vLLM takes one class)."""
+    module, _, name = qualname.rpartition(".")
+    extension = getattr(importlib.import_module(module), name, None)
+    if not (isinstance(extension, type) and issubclass(extension, WorkerExtension)):
+        raise ConfigurationError(
+            f"engine_args worker_extension_cls={qualname!r} must subclass {WORKER_EXTENSION}, whose methods "
+            "vLLMSampler calls in the engine's workers"
+        )

@@ -45,11 +45,12 @@ from twinkle.sampler.results import Completion, Generation, Prompt, TopK
 from twinkle.sampler.stopping import StopCriteria
 from twinkle.sampler.token_sampling import requested, topk_count
 from twinkle.sampler.vllm_engine import (
+    WORKER_EXTENSION,
     check_cpu_head_size,
+    check_worker_extension,
     linear_layers,
     lora_target_suffixes,
-    retie_output_layer,
-    use_exact_logprobs,
+    pack,
 )
 from twinkle.utils import require
 
@@ -88,7 +89,8 @@ class vLLMSampler(Sampler):
         super().__init__(resolve_model(model_id))
         check_cpu_head_size(self.model_path)
         self.device_mesh = device_mesh
-        args = {"logprobs_mode": "raw_logprobs", **(engine_args or {})}
+        args = {"logprobs_mode": "raw_logprobs", "worker_extension_cls": WORKER_EXTENSION, **(engine_args or {})}
+        check_worker_extension(args["worker_extension_cls"])
         self._layers = linear_layers(self.model_path) if args.get("enable_lora") else {}
         if self._layers:
             args.setdefault("lora_target_modules", lora_target_suffixes(self._layers))
@@ -98,7 +100,7 @@ class vLLMSampler(Sampler):
         self.engine_args = args
         self.llm = vllm.LLM(model=self.model_path, **args)
         if exact_logprobs:
-            self.llm.collective_rpc(use_exact_logprobs)
+            self.llm.collective_rpc("twinkle_use_exact_logprobs")
         self._served: dict[str, Any] = {}
         self._last_id = 0
         self._root = Path(tempfile.mkdtemp(prefix="twinkle-vllm-adapters-"))
@@ -206,8 +208,8 @@ class vLLMSampler(Sampler):
         rank, limit = max(A.shape[0] for A, _ in tensors.values()), self._lora_config.max_lora_rank
         if rank > limit:
             raise ConfigurationError(
-                f"adapter {name!r} has rank {rank}, above the engine's max_lora_rank={limit}; "
-                f"create vLLMSampler with engine_args={{'max_lora_rank': {rank}, ...}}"
+                f"adapter {name!r} has rank {rank}, above the engine's max_lora_rank={limit}; create vLLMSampler "
+                f"with engine_args={{'max_lora_rank': <one of vLLM's sizes (8, 16, 32, ...) >= {rank}>, ...}}"
             )
 
     def _request(self, name: str, config: Any, state_dict: Mapping[str, torch.Tensor]) -> Any:
@@ -255,8 +257,10 @@ class vLLMSampler(Sampler):
                     f"weight {name!r} has shape {list(tensor.shape)}, the model's has {shapes[name]}"
                 )
             checked.append((name, tensor.detach()))
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": checked})
-        self.llm.collective_rpc(retie_output_layer)
+        if _engine_in_subprocess():
+            self.llm.collective_rpc("twinkle_reload_weights", args=([(name, pack(t)) for name, t in checked],))
+        else:
+            self.llm.collective_rpc("twinkle_reload_weights", args=(checked,))
         self.reset_prefix_cache()
         return len(checked)
 
@@ -294,6 +298,12 @@ class vLLMSampler(Sampler):
             generation.prompt_logprobs = [logprobs for logprobs, _ in per_prompt]
             generation.topk_prompt_logprobs = [alternatives for _, alternatives in per_prompt] if prompt_k else None
         return generation
+
+
+def _engine_in_subprocess() -> bool:
+    from vllm import envs
+
+    return bool(envs.VLLM_ENABLE_V1_MULTIPROCESSING)
 
 
 def _differ(first: Any, second: Any) -> bool:
