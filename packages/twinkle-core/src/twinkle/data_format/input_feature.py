@@ -9,6 +9,10 @@ trajectory that produced the feature may ride along (``messages``,
 ``user_data``) for rewards computed later. ``routed_experts`` (MoE models, from
 a sampler that records routing) holds, per token, every MoE layer's chosen
 experts (``[T][layers][top_k]``, ``-1``: route freely), for router replay.
+
+Vision-language features add ``pixel_values`` (every image's patches, ``[patches][patch_dim]``, as the
+model's image processor flattens them), ``image_grid_thw`` (``[images][3]``: each image's temporal, height
+and width patch counts) and ``mm_token_type_ids`` (per token: 1 for an image token, else 0).
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ class InputFeature(TypedDict):
     messages: NotRequired[list[Message]]
     user_data: NotRequired[dict[str, Any]]
     routed_experts: NotRequired[list[list[list[int]]]]
+    pixel_values: NotRequired[list[list[float]]]
+    image_grid_thw: NotRequired[list[list[int]]]
+    mm_token_type_ids: NotRequired[list[int]]
 
 
 def _int_list(value: Any, name: str, where: str) -> list[int]:
@@ -121,6 +128,14 @@ def validate_input_feature(
         raise InvalidInputError(f"{where}.length is {length} but input_ids has length {len(ids)}")
     if out.get("routed_experts") is not None:
         out["routed_experts"] = _routing(out["routed_experts"], len(ids), f"{where}.routed_experts")
+    if out.get("mm_token_type_ids") is not None:
+        out["mm_token_type_ids"] = _int_list(out["mm_token_type_ids"], "mm_token_type_ids", where)
+        if len(out["mm_token_type_ids"]) != len(ids):
+            raise InvalidInputError(
+                f"{where}.mm_token_type_ids has length {len(out['mm_token_type_ids'])} but input_ids has {len(ids)}"
+            )
+    if (out.get("pixel_values") is None) != (out.get("image_grid_thw") is None):
+        raise InvalidInputError(f"{where} needs both pixel_values and image_grid_thw, or neither")
     return out  # type: ignore[return-value]
 
 

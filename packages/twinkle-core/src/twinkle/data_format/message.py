@@ -57,9 +57,16 @@ class Trajectory(TypedDict):
     ids); it travels unchanged through encoding into the ``InputFeature``.
     ``rejected_messages`` makes it a preference pair: the rejected alternative
     of ``messages`` (the chosen one), with the same prompt.
+
+    ``images`` (vision-language models) holds one image per ``<image>``
+    placeholder in the messages' contents, in order: a local path (or a
+    ``file://`` URL, or a ``data:image/...;base64,`` URI), the encoded bytes,
+    a ``{"bytes": ..., "path": ...}`` dict as ``datasets`` stores images, or a
+    PIL image. Only paths, URIs and dicts of them survive a ``datasets`` table.
     """
 
     messages: Annotated[list[Message], MinLen(1)]  # bounds as validate_trajectory enforces them, for schemas
+    images: NotRequired[list[Any]]
     tools: NotRequired[list[Tool]]
     user_data: NotRequired[dict[str, Any]]
     rejected_messages: NotRequired[Annotated[list[Message], MinLen(1)]]
@@ -113,7 +120,26 @@ def validate_trajectory(row: Any, where: str = "trajectory") -> Trajectory:
     tools = row.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(tool, Mapping) for tool in tools)):
         raise InvalidInputError(f"{where}.tools must be a list of tool objects when given")
+    images = row.get("images")
+    if images is not None:
+        if not isinstance(images, list):
+            raise InvalidInputError(f"{where}.images must be a list of images, got {type(images).__name__}")
+        for i, image in enumerate(images):
+            if not _is_image(image):
+                raise InvalidInputError(
+                    f"{where}.images[{i}] must be a path, a data URI, bytes, a {{'bytes', 'path'}} dict or a PIL "
+                    f"image, got {type(image).__name__}"
+                )
     user_data = row.get("user_data")
     if user_data is not None and not isinstance(user_data, Mapping):
         raise InvalidInputError(f"{where}.user_data must be a dict when given")
     return row  # type: ignore[return-value]
+
+
+def _is_image(value: Any) -> bool:
+    """Whether ``value`` has a form an image can take in a trajectory (decoding is the template's)."""
+    if isinstance(value, (str, bytes)):
+        return bool(value)
+    if isinstance(value, Mapping):
+        return bool(value.get("bytes") or value.get("path"))
+    return hasattr(value, "convert") and hasattr(value, "size")  # PIL.Image.Image, without importing PIL

@@ -34,16 +34,28 @@ from twinkle.template.errors import TemplateError
 from twinkle.template.loss_mask import assistant_token_mask
 from twinkle.template.tool_parsers import assistant_message, detect_tool_parser
 from twinkle.template.truncation import TruncationStrategy, check_truncation_args, truncate
+from twinkle.template.vision import (
+    ImageEncoder,
+    ImageInputs,
+    count_placeholders,
+    image_parts,
+    trajectory_images,
+    truncate_image_types,
+    with_images,
+)
 from twinkle.utils import get_logger
 
 logger = get_logger(__name__)
+
+
+_TOKENIZER_FILES = ("tokenizer", "special_tokens", "vocab", "merges", "chat_template", "preprocessor")
 
 
 def _tokenizer_digest(model_dir: Path) -> str:
     """sha256 over the tokenizer files of ``model_dir`` (what a pickled template stands for)."""
     digest = hashlib.sha256()
     for path in sorted(model_dir.iterdir()):
-        if path.is_file() and path.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+        if path.is_file() and path.name.startswith(_TOKENIZER_FILES):
             digest.update(path.name.encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -95,6 +107,7 @@ class Template:
         self._tokenizer = tokenizer
         self._model_dir = model_dir
         self._tokenizer_digest = _tokenizer_digest(model_dir) if model_dir else None
+        self._vision = ImageEncoder.from_model_dir(model_dir)  # None: a text-only model
         self._chat_template = chat_template
         self._eos_token_ids = _eos_token_ids(tokenizer, model_dir)
         self._end_of_turn_ids = frozenset(self._eos_token_ids)
@@ -177,14 +190,15 @@ class Template:
         extra: dict[str, Any] = {"messages": trajectory["messages"]}
         if trajectory.get("user_data") is not None:
             extra["user_data"] = trajectory["user_data"]
+        images = trajectory_images(trajectory, self._vision, self.model_id)
         if add_generation_prompt:
-            return self._encode_prompt(trajectory["messages"], tools, extra)
-        feature = self._encode_conversation(trajectory["messages"], tools, "trajectory.messages", extra)
+            return self._encode_prompt(trajectory["messages"], tools, extra, images)
+        feature = self._encode_conversation(trajectory["messages"], tools, "trajectory.messages", extra, images)
         rejected = trajectory.get("rejected_messages")
         if feature is None or rejected is None:
             return feature
         where = "trajectory.rejected_messages"
-        rejected_feature = self._encode_conversation(rejected, tools, where, {"messages": rejected})
+        rejected_feature = self._encode_conversation(rejected, tools, where, {"messages": rejected}, images)
         if rejected_feature is None:
             return None
         feature["rejected"] = rejected_feature  # type: ignore[typeddict-unknown-key]
@@ -247,10 +261,24 @@ class Template:
     def batch_decode(self, batch_token_ids: Sequence[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
         return [self.decode(token_ids, skip_special_tokens) for token_ids in batch_token_ids]
 
-    def _encode_conversation(
-        self, messages: Sequence[Mapping[str, Any]], tools: list[Any] | None, where: str, extra: dict[str, Any]
+    def _truncate(
+        self, input_ids: list[int], labels: list[int], extra: dict[str, Any], where: str
     ) -> InputFeature | None:
-        chat, names = self._chat(messages, where)
+        kept = truncate(input_ids, labels, self.max_length, self.truncation_strategy, where)
+        if kept is None:
+            return None
+        extra = truncate_image_types(extra, len(input_ids), len(kept[0]), self.truncation_strategy, where)
+        return make_input_feature(kept[0], kept[1], **extra)
+
+    def _encode_conversation(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: list[Any] | None,
+        where: str,
+        extra: dict[str, Any],
+        images: ImageInputs | None = None,
+    ) -> InputFeature | None:
+        chat, names = self._chat(messages, where, images is not None)
         text = self._render(chat, tools, add_generation_prompt=False)
         encoding = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         input_ids = encoding["input_ids"]
@@ -266,27 +294,35 @@ class Template:
         )
         self._warn_if_turns_never_end(input_ids, mask)
         labels = [token if trained else IGNORE_INDEX for token, trained in zip(input_ids, mask, strict=True)]
-        kept = truncate(input_ids, labels, self.max_length, self.truncation_strategy, where)
-        return None if kept is None else make_input_feature(kept[0], kept[1], **extra)
+        input_ids, labels, extra = with_images(self._vision, input_ids, labels, images, extra, where)
+        return self._truncate(input_ids, labels, extra, where)
 
     def _encode_prompt(
-        self, messages: Sequence[Mapping[str, Any]], tools: list[Any] | None, extra: dict[str, Any]
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: list[Any] | None,
+        extra: dict[str, Any],
+        images: ImageInputs | None = None,
     ) -> InputFeature | None:
         end = len(messages)
         while end and messages[end - 1]["role"] == "assistant":
             end -= 1
         if end == 0:
             raise InvalidInputError("trajectory.messages holds only assistant messages: there is no prompt to encode")
-        chat, _ = self._chat(messages[:end], "trajectory.messages")
+        if images is not None and count_placeholders(messages[:end], "trajectory.messages") != len(images.grid_thw):
+            raise InvalidInputError("trajectory.messages: every <image> placeholder must be in the prompt")
+        chat, _ = self._chat(messages[:end], "trajectory.messages", images is not None)
         text = self._render(chat, tools, add_generation_prompt=True)
         input_ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
         labels = [IGNORE_INDEX] * len(input_ids)
-        kept = truncate(input_ids, labels, self.max_length, self.truncation_strategy, "trajectory.messages")
-        return None if kept is None else make_input_feature(kept[0], kept[1], **extra)
+        input_ids, labels, extra = with_images(self._vision, input_ids, labels, images, extra, "trajectory.messages")
+        return self._truncate(input_ids, labels, extra, "trajectory.messages")
 
-    def _chat(self, messages: Sequence[Mapping[str, Any]], where: str) -> tuple[list[dict[str, Any]], list[str]]:
-        """Messages as chat templates expect them, and each one's name for error messages."""
-        chat = [_chat_message(message) for message in messages]
+    def _chat(
+        self, messages: Sequence[Mapping[str, Any]], where: str, images: bool = False
+    ) -> tuple[list[dict[str, Any]], list[str]]:
+        """Messages as chat templates expect them (``<image>`` as image parts when ``images``), and names."""
+        chat = [_chat_message(message, images) for message in messages]
         names = [f"{where}[{index}]" for index in range(len(chat))]
         if self.default_system is not None and chat[0]["role"] != "system":
             chat.insert(0, {"role": "system", "content": self.default_system})
@@ -324,9 +360,11 @@ class Template:
         )
 
 
-def _chat_message(message: Mapping[str, Any]) -> dict[str, Any]:
+def _chat_message(message: Mapping[str, Any], images: bool = False) -> dict[str, Any]:
     """Drop empty fields (``datasets`` fills absent keys with None) and give tool calls the OpenAI layout."""
     chat = {key: value for key, value in message.items() if value is not None}
+    if images and "<image>" in chat.get("content", ""):
+        chat["content"] = image_parts(chat["content"])
     if chat.get("tool_calls"):
         chat["tool_calls"] = [
             call if "function" in call else {"type": "function", "function": dict(call)} for call in chat["tool_calls"]
