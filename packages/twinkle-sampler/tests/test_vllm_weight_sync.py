@@ -115,3 +115,13 @@ def test_a_sync_without_resetting_the_prefix_cache_samples_from_stale_prefixes(s
     fresh_gap = gap(fresh.sequences, completion_logps(model, fresh.sequences))
     print(f"after a reload: max |dlogp| {stale_gap:.2e} with the old prefix cache, {fresh_gap:.2e} once reset")
     assert stale_gap > 1e-3 and fresh_gap <= ATOL
+
+
+def test_sleep_and_wake_up_keep_the_weights(sampler, vllm_trainer, vllm_prompts):
+    """Between rounds an engine may sleep (on a GPU vLLM frees its memory); woken, it samples the same model."""
+    model = vllm_trainer()
+    sampler.load_base_weights(model.model.state_dict())
+    sampler.sleep()
+    sampler.wake_up()
+    response = sampler.sample(vllm_prompts[:2], PARAMS, use_base_model=True)
+    assert gap(response.sequences, completion_logps(model, response.sequences)) <= ATOL
