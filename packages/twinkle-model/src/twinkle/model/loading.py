@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from twinkle.errors import ConfigurationError
 from twinkle.patch import KernelsSpec, PatchSpec, accelerate
 
-__all__ = ["CheckpointingPolicy", "enable_activation_checkpointing", "load_causal_lm"]
+__all__ = ["CheckpointingPolicy", "auto_class", "enable_activation_checkpointing", "load_causal_lm"]
 
 CheckpointingPolicy = bool | int  # False: off; True: every decoder layer; n: every n-th decoder layer
 
@@ -49,10 +50,20 @@ def load_causal_lm(
     patches: Sequence[PatchSpec],
     **from_pretrained_kwargs: Any,
 ) -> Any:
-    """A transformers ``PreTrainedModel`` in training mode (typed Any: nn.Module's typing knows few of its methods)."""
-    model: Any = AutoModelForCausalLM.from_pretrained(model_path, **from_pretrained_kwargs)
+    """A transformers ``PreTrainedModel`` in training mode (typed Any: nn.Module's typing knows few of its methods).
+
+    A vision-language model (one transformers has no causal-LM class for, e.g. Qwen3-VL) loads as its
+    image-text-to-text class, vision tower included.
+    """
+    model: Any = auto_class(model_path).from_pretrained(model_path, **from_pretrained_kwargs)
     model.to(device)
     model.train()
     enable_activation_checkpointing(model, gradient_checkpointing)
     accelerate(model, kernels, patches)
     return model
+
+
+def auto_class(model_path: str) -> Any:
+    """``AutoModelForCausalLM``, or ``AutoModelForImageTextToText`` for a vision-language model."""
+    model_type = AutoConfig.from_pretrained(model_path).model_type
+    return AutoModelForCausalLM if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else AutoModelForImageTextToText

@@ -94,9 +94,10 @@ class TrainingModel(ABC):
         options = {"dtype": dtype, "attn_implementation": attn_implementation, **from_pretrained_kwargs}
         self.model = load_causal_lm(self.model_path, self.device, gradient_checkpointing, kernels, patches, **options)
         self.parallel.prepare(self.model)
-        config = self.model.config
+        config = self.model.config.get_text_config()  # a vision-language model's language model config
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
-        self.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
+        pad_token_id = getattr(config, "pad_token_id", None)
+        self.pad_token_id = pad_token_id if pad_token_id is not None else 0
         self._states: dict[str, TrainState] = {}
         self._batches = BatchPreparer(self.vocab_size)
         self._engine = PassEngine(self, self._route_rows)

@@ -18,6 +18,10 @@ def model_inputs(batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     mask nor a KV cache, and a model whose config says ``use_cache=True``
     creates a cache even in training mode. With either, the packed sequences
     silently attend to one another. A padded batch passes its attention mask.
+
+    A batch with images passes them (``pixel_values``, ``image_grid_thw``,
+    ``mm_token_type_ids``) and no ``position_ids``: the model computes its own
+    multimodal positions (Qwen-VL's M-RoPE) from them and the attention mask.
     """
     kwargs: dict[str, Any] = {
         "input_ids": batch["input_ids"],
@@ -26,6 +30,10 @@ def model_inputs(batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     }
     if "attention_mask" in batch:
         kwargs["attention_mask"] = batch["attention_mask"]
+    if "pixel_values" in batch:
+        del kwargs["position_ids"]
+        for name in ("pixel_values", "image_grid_thw", "mm_token_type_ids"):
+            kwargs[name] = batch[name]
     return kwargs
 
 

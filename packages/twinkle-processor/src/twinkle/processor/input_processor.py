@@ -14,6 +14,7 @@ from twinkle.processor.features import complete_features
 from twinkle.processor.packing import pack_rows
 from twinkle.processor.padding import pad_rows
 from twinkle.processor.routing import routing_tensor
+from twinkle.processor.vision import vision_tensors
 from twinkle.registry import register
 
 
@@ -34,7 +35,9 @@ class InputProcessor:
     Both layouts add ``seq_lens`` ``[N]`` and ``seq_starts`` ``[N]`` so that
     :func:`twinkle.processor.unpack` can split per-token results back per feature,
     and, when features recorded their MoE routing, ``routed_experts``
-    ``[B, T, layers, top_k]`` (-1 where nothing was recorded).
+    ``[B, T, layers, top_k]`` (-1 where nothing was recorded). Rows with images
+    (vision-language models; padded layout only) add ``pixel_values``,
+    ``image_grid_thw`` and ``mm_token_type_ids`` (see :mod:`twinkle.processor.vision`).
     Labels stay unshifted, and each feature's first label is ignored: the loss
     shift makes it untrainable anyway, and it keeps a packed row (or left
     padding) from training one sequence's last token to predict the next one's first.
@@ -94,6 +97,7 @@ class InputProcessor:
         rows = complete_features(features, self.max_length)
         batch = pack_rows(rows) if self.padding_free else pad_rows(rows, self.pad_token_id, self.padding_side)
         batch["loss_mask"] = batch["loss_mask"].float()
+        batch.update(vision_tensors(features, batch, None if self.padding_free else self.padding_side))
         routed_BTLK = routing_tensor(features, batch)
         if routed_BTLK is not None:
             batch["routed_experts"] = routed_BTLK

@@ -71,7 +71,8 @@ def load_image(image: Any, where: str) -> Image:
         raise InvalidInputError(f"{where} is not an image (path, data URI, bytes or PIL image): {type(image).__name__}")
     try:
         with PILImage.open(source) as opened:
-            return opened.convert("RGB")  # decodes the whole file: truncated data fails here, not later
+            rgb: Image = opened.convert("RGB")  # decodes the whole file: truncated data fails here, not later
+            return rgb
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise InvalidInputError(f"{where} is not a readable image: {exc}") from exc
 

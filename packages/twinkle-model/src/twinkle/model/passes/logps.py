@@ -13,6 +13,7 @@ where it can, and the PyTorch chunked path otherwise.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,14 @@ def inner_model(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def multimodal_base(model: Any) -> Any:
+    """A vision-language model's base (vision tower, projector and language model), which takes images."""
+    base = getattr(inner_model(model), "model", None)
+    if base is None or "pixel_values" not in inspect.signature(base.forward).parameters:
+        raise InvalidInputError(f"the batch has images but {type(inner_model(model)).__name__} takes no images")
+    return base
+
+
 @dataclass
 class DecoderOutput:
     """The decoder's last hidden states, and (when asked for) every MoE layer's router logits ``[B, T, E]``."""
@@ -68,8 +77,8 @@ def decode(
 
     With a ``sequence`` group, this rank computes its share of the tokens and the group's are gathered.
     """
-    decoder = inner_model(model).get_decoder()
     inputs = model_inputs(batch)
+    decoder = multimodal_base(model) if "pixel_values" in inputs else inner_model(model).get_decoder()
     if router_logits:
         inputs["output_router_logits"] = True
     if sequence is not None:

@@ -1,0 +1,62 @@
+"""Collating the image features of vision-language rows: pixel patches, patch grids, image-token types.
+
+Every row's ``pixel_values`` are concatenated in batch order (``[Σpatches, patch_dim]`` float32) with their
+``image_grid_thw`` (``[images, 3]``), as transformers' processors batch them; ``mm_token_type_ids`` is laid
+out like ``input_ids`` (0 on padding). Rows without images add nothing, so a batch may mix text-only and
+image rows. Only the padded layout is supported: a model's multimodal positions (Qwen-VL's M-RoPE) are
+computed from each padded row and its attention mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+
+from twinkle.data_format import InputFeature
+from twinkle.errors import InvalidInputError
+
+VISION_FIELDS = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+
+
+def vision_tensors(
+    features: Sequence[InputFeature], batch: Mapping[str, torch.Tensor], padding_side: Literal["right", "left"] | None
+) -> dict[str, torch.Tensor]:
+    """The batch's image tensors (none when no row has images); ``padding_side`` None means padding-free."""
+    rows = [i for i, feature in enumerate(features) if feature.get("pixel_values") is not None]
+    if not rows:
+        return {}
+    if padding_side is None:
+        raise InvalidInputError(
+            f"features{rows[:5]} carry images, which padding-free batches do not support yet; "
+            "use InputProcessor(padding_free=False)"
+        )
+    pixels, grids = [], []
+    for i in rows:
+        pixel_values = torch.as_tensor(_array(features[i]["pixel_values"]), dtype=torch.float32)
+        grid_thw = torch.as_tensor(_array(features[i]["image_grid_thw"]), dtype=torch.long).reshape(-1, 3)
+        if pixel_values.ndim != 2 or pixel_values.shape[0] != int(grid_thw.prod(-1).sum()):
+            raise InvalidInputError(
+                f"features[{i}].pixel_values has shape {tuple(pixel_values.shape)} but its image_grid_thw "
+                f"{grid_thw.tolist()} needs {int(grid_thw.prod(-1).sum())} patch rows"
+            )
+        if not features[i].get("mm_token_type_ids"):
+            raise InvalidInputError(f"features[{i}] has pixel_values but no mm_token_type_ids")
+        pixels.append(pixel_values)
+        grids.append(grid_thw)
+    width = batch["input_ids"].shape[1]
+    types = torch.zeros((len(features), width), dtype=torch.long)
+    for i, feature in enumerate(features):
+        row = torch.as_tensor(feature.get("mm_token_type_ids") or [], dtype=torch.long)
+        if len(row):
+            if padding_side == "right":
+                types[i, : len(row)] = row
+            else:
+                types[i, width - len(row) :] = row
+    return {"pixel_values": torch.cat(pixels), "image_grid_thw": torch.cat(grids), "mm_token_type_ids": types}
+
+
+def _array(value: Any) -> Any:
+    """Lists (from JSON or Arrow) or arrays, as given: torch converts both."""
+    return value.tolist() if hasattr(value, "tolist") and not isinstance(value, torch.Tensor) else value
