@@ -153,3 +153,23 @@ def test_responses_of_consecutive_shares_concatenate_into_one_prompt_major_respo
 def test_outputs_default_to_empty_metrics():
     assert LossOutput(loss=1.0).metrics == {}
     assert ModelOutput().to_dict()["num_tokens"] == 0
+
+
+def test_trajectory_images_must_be_a_list_of_image_forms():
+    messages = [{"role": "user", "content": "<image>Hi"}]
+    for images in (["a.png"], [b"\x89PNG"], [{"bytes": b"\x89PNG", "path": None}], [{"path": "a.png"}]):
+        validate_trajectory({"messages": messages, "images": images})
+    with pytest.raises(InvalidInputError, match=r"trajectory\.images must be a list of images, got str"):
+        validate_trajectory({"messages": messages, "images": "a.png"})
+    with pytest.raises(InvalidInputError, match=r"trajectory.images\[1\] must be a path, a data URI, bytes"):
+        validate_trajectory({"messages": messages, "images": ["a.png", 3]})
+    with pytest.raises(InvalidInputError, match=r"trajectory.images\[0\] must be"):
+        validate_trajectory({"messages": messages, "images": [{"bytes": None, "path": None}]})
+
+
+def test_image_features_are_checked():
+    feature = {"input_ids": [1, 2, 3], "mm_token_type_ids": [0, 1, 0], "pixel_values": [[0.5]], "image_grid_thw": None}
+    with pytest.raises(InvalidInputError, match="needs both pixel_values and image_grid_thw, or neither"):
+        validate_input_feature(feature)
+    with pytest.raises(InvalidInputError, match="mm_token_type_ids has length 2 but input_ids has 3"):
+        validate_input_feature({"input_ids": [1, 2, 3], "mm_token_type_ids": [0, 1]})

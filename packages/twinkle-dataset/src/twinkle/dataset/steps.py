@@ -16,8 +16,15 @@ from twinkle.data_format import TOKEN_FIELDS, validate_input_feature, validate_t
 from twinkle.dataset.row_map import batch_rows
 from twinkle.interfaces import Template
 
-#: Encoded token columns are stored as int32 lists, not JSON, so collation reads them straight from Arrow.
-TOKEN_FEATURES: dict[str, Any] = {name: List(Value("int32")) for name in TOKEN_FIELDS} | {"length": Value("int64")}
+#: Encoded token columns are stored as int32 lists, not JSON, so collation reads them straight from Arrow; so
+#: are the image features of vision-language rows (float32 patches as the image processor made them), which
+#: are therefore computed once by ``encode`` and never decoded again.
+TOKEN_FEATURES: dict[str, Any] = {name: List(Value("int32")) for name in TOKEN_FIELDS} | {
+    "length": Value("int64"),
+    "mm_token_type_ids": List(Value("int32")),
+    "pixel_values": List(List(Value("float32"))),
+    "image_grid_thw": List(List(Value("int64"))),
+}
 
 
 def preprocess_row(preprocessor: Callable[[dict[str, Any]], Any], row: dict[str, Any]) -> Any:

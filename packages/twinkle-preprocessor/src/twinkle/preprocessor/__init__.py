@@ -17,10 +17,13 @@ from twinkle.preprocessor.llm import (
     SelfCognitionProcessor,
     normalize_messages,
 )
+from twinkle.preprocessor.mm import CLEVR_INSTRUCTION, CLEVRProcessor
 
 __all__ = [
+    "CLEVR_INSTRUCTION",
     "GSM8K_SYSTEM",
     "AlpacaProcessor",
+    "CLEVRProcessor",
     "DPOProcessor",
     "FunctionPreprocessor",
     "GSM8KProcessor",
