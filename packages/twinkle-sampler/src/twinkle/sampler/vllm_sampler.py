@@ -108,7 +108,7 @@ class vLLMSampler(Sampler):
         self._zero: Any = None
         self.base_rows_through_zero_adapter = False
         if self._layers:
-            wrong = self.engine_gives_base_rows_adapters() if zero_adapter_for_base is None else zero_adapter_for_base
+            wrong = self._engine_gives_base_rows_adapters() if zero_adapter_for_base is None else zero_adapter_for_base
             if wrong:
                 self._zero = self._request("zero", *self._probe_adapter(seed=None))
                 self.base_rows_through_zero_adapter = True
@@ -131,7 +131,7 @@ class vLLMSampler(Sampler):
     def _lora_config(self) -> Any:
         return self.llm.llm_engine.vllm_config.lora_config
 
-    def engine_gives_base_rows_adapters(self) -> bool:
+    def _engine_gives_base_rows_adapters(self) -> bool:
         """Self-test: does a base row sharing a batch with adapters (every slot filled) get a different result?
 
         Run on a fresh engine (every slot empty), before any adapter is served;
