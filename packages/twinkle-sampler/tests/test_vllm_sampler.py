@@ -129,3 +129,25 @@ def test_the_builtin_tiny_model_is_refused_on_cpu_naming_its_head_size():
         pytest.skip("head sizes are a limit of vLLM's CPU attention kernels")
     with pytest.raises(ConfigurationError, match="heads of size 16"):
         vLLMSampler("builtin://qwen3-tiny")
+
+
+def test_greedy_completions_equal_torch_samplers_with_stops(sampler, vllm_model_dir, vllm_template, vllm_prompts):
+    """Same tokens, text, stop reasons and training features as TorchSampler, stop strings and ids included."""
+    from twinkle.sampler import TorchSampler
+
+    torch_sampler = TorchSampler(vllm_model_dir, device="cpu")
+    torch_sampler.set_template(vllm_template)
+    free = torch_sampler.sample(vllm_prompts[:4], SamplingParams(max_tokens=12, temperature=0), use_base_model=True)
+    # stop on a string and on an id that the free completions produce, so both kinds of stop really happen
+    text, token = free.sequences[0].decoded[3:5], free.sequences[1].tokens[4]
+    params = SamplingParams(max_tokens=12, temperature=0, stop=[text, token], logprobs=2)
+    ours = sampler.sample(vllm_prompts[:4], params, use_base_model=True)
+    theirs = torch_sampler.sample(vllm_prompts[:4], params, use_base_model=True)
+    assert {s.stop_reason for s in theirs.sequences} >= {"stop"}
+    for a, b in zip(ours.sequences, theirs.sequences, strict=True):
+        assert (a.tokens, a.decoded, a.stop_reason) == (b.tokens, b.decoded, b.stop_reason)
+        assert a.new_input_feature["input_ids"] == b.new_input_feature["input_ids"]
+        assert a.new_input_feature["labels"] == b.new_input_feature["labels"]
+        assert a.new_input_feature["messages"] == b.new_input_feature["messages"]
+        assert max_gap([a.logprobs], [b.logprobs]) <= ATOL
+        assert [[t for t, _ in top] for top in a.topk_logprobs] == [[t for t, _ in top] for top in b.topk_logprobs]
