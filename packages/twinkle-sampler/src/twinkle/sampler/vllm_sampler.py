@@ -280,6 +280,11 @@ class vLLMSampler(Sampler):
     def _generate(self, prompts: list[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
         from vllm.inputs import TokensPrompt
 
+        for index, prompt in enumerate(prompts):
+            if prompt.feature.get("pixel_values") is not None:
+                raise InvalidInputError(
+                    f"inputs[{index}] has images, which vLLMSampler does not pass to vLLM yet: use TorchSampler"
+                )
         requests = [TokensPrompt(prompt_token_ids=prompt.input_ids) for prompt in prompts]
         loras = [self._zero if prompt.adapter is None else self._served[prompt.adapter] for prompt in prompts]
         outputs = self.llm.generate(requests, _vllm_params(params, stop), lora_request=loras, use_tqdm=False)
