@@ -28,6 +28,7 @@ from twinkle.sampler.prompt_logprobs import prompt_logprobs
 from twinkle.sampler.results import Completion, Generation, Prompt
 from twinkle.sampler.stopping import StopCriteria
 from twinkle.sampler.token_sampling import StepTokens, choose_tokens, requested, topk_count, topk_pairs
+from twinkle.sampler.vision import image_prefill_inputs, multimodal_base
 
 
 class _Rows:
@@ -37,12 +38,14 @@ class _Rows:
     a left-padded row's pads repeat one of its real tokens there.
     """
 
-    def __init__(self, adapters: list[str | None], mask_BL: torch.Tensor, seen_BS: torch.Tensor | None) -> None:
+    def __init__(
+        self, adapters: list[str | None], mask_BL: torch.Tensor, seen_BS: torch.Tensor | None, delta_B: torch.Tensor
+    ) -> None:
         self.completions = list(range(len(adapters)))
         self.adapters = adapters
         self.mask_BL = mask_BL
         self.seen_BS = seen_BS
-        self.next_position_B = mask_BL.sum(dim=-1)
+        self.next_position_B = mask_BL.sum(dim=-1) + delta_B  # delta: image prompts' M-RoPE shift (vision.py)
 
     def advance(
         self, tokens_B: torch.Tensor, keep: list[int], cache: DynamicCache
@@ -74,6 +77,7 @@ class Decoder:
         self.record = record
         self.routing: RoutingRecord | None = None
         self.decoder = model.get_decoder()
+        self.base = multimodal_base(model)  # a vision-language model's base, which takes images
         self.head = model.get_output_embeddings()
         self.pad_token_id = pad_token_id
         self.generator = generator
@@ -87,15 +91,23 @@ class Decoder:
             return self._generate(prompts, params, stop)
 
     def _generate(self, prompts: Sequence[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
-        distinct: dict[tuple[tuple[int, ...], str | None], int] = {}
+        distinct: dict[tuple[tuple[int, ...], str | None, str | None], int] = {}
         source = [distinct.setdefault(p.group_key, len(distinct)) for p in prompts]
-        ids_UL, mask_UL = self._left_pad([list(ids) for ids, _ in distinct])
+        firsts = [prompts[source.index(u)] for u in range(len(distinct))]
+        ids_UL, mask_UL = self._left_pad([p.input_ids for p in firsts])
         cache = DynamicCache(config=self.model.config)
-        hidden_ULH = self._forward(ids_UL, mask_UL, self._positions(mask_UL), [a for _, a in distinct], cache)
+        images = image_prefill_inputs([p.feature for p in firsts], mask_UL, self.base, self.head.weight.dtype)
+        delta_U = torch.zeros(len(firsts), dtype=torch.long, device=ids_UL.device)
+        if images is None:
+            positions = self._positions(mask_UL)
+        else:  # the model's own multimodal positions, and how far each prompt's run ahead of its length
+            positions, delta_U1 = self.base.get_rope_index(ids_UL, attention_mask=mask_UL, **images)
+            delta_U = delta_U1.reshape(-1).to(ids_UL.device)
+        hidden_ULH = self._forward(ids_UL, mask_UL, positions, [p.adapter for p in firsts], cache, images)
         prompt_routing = self._prompt_routing(mask_UL)
         generation = Generation(completions=[])
         if requested(params.prompt_logprobs):
-            with self._routed([a for _, a in distinct]):
+            with self._routed([p.adapter for p in firsts]):
                 logprobs, alternatives = prompt_logprobs(self.head, hidden_ULH, ids_UL, mask_UL, params.prompt_logprobs)
             generation.prompt_logprobs = [logprobs[u] for u in source]
             generation.topk_prompt_logprobs = None if alternatives is None else [alternatives[u] for u in source]
@@ -105,7 +117,7 @@ class Decoder:
         if params.repetition_penalty != 1.0:
             seen_BS = torch.where(mask_UL.bool(), ids_UL, ids_UL[:, -1:])[expand]
         adapters = [prompt.adapter for prompt in prompts for _ in range(params.num_samples)]
-        rows = _Rows(adapters, mask_UL[expand], seen_BS)
+        rows = _Rows(adapters, mask_UL[expand], seen_BS, delta_U[expand])
         generation.completions = self._decode(hidden_ULH[:, -1][expand], rows, cache, params, stop)
         if prompt_routing is not None:
             for completion, prompt in zip(generation.completions, expand.tolist(), strict=True):
@@ -137,6 +149,8 @@ class Decoder:
             if not keep:
                 break
             ids_B1, positions_B1 = rows.advance(chosen.tokens_B, keep, cache)
+            if self.base is not None:  # M-RoPE: one position per rotary section (text tokens: all equal)
+                positions_B1 = positions_B1.unsqueeze(0).expand(3, -1, -1)
             hidden_BH = self._forward(ids_B1, rows.mask_BL, positions_B1, rows.adapters, cache)[:, -1]
             if self.routing is not None:  # the experts of the tokens just fed back, one per row
                 for index, experts in zip(rows.completions, self.routing.take().tolist(), strict=True):
@@ -152,10 +166,18 @@ class Decoder:
         positions_BT: torch.Tensor,
         adapters: list[str | None],
         cache: DynamicCache,
+        images: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        """The decoder's hidden states; with ``images``, the vision-language base's (positions ``[3, B, T]``)."""
+        decoder, extra = (self.decoder, {}) if images is None else (self.base, images)
         with self._routed(adapters):
-            output = self.decoder(
-                input_ids=ids_BT, attention_mask=mask_BL, position_ids=positions_BT, cache=cache, use_cache=True
+            output = decoder(
+                input_ids=ids_BT,
+                attention_mask=mask_BL,
+                position_ids=positions_BT,
+                cache=cache,
+                use_cache=True,
+                **extra,
             )
         return output.last_hidden_state
 

@@ -20,6 +20,7 @@ from twinkle.data_format import (
     prompt_major,
 )
 from twinkle.sampler.stopping import StopCriteria
+from twinkle.sampler.vision import image_digest
 
 TopK = list[tuple[int, float]]
 
@@ -33,9 +34,12 @@ class Prompt:
     feature: InputFeature
 
     @property
-    def group_key(self) -> tuple[tuple[int, ...], str | None]:
-        """Inputs with equal keys are the same prompt: one prefill, and one group of completions in the response."""
-        return tuple(self.input_ids), self.adapter
+    def group_key(self) -> tuple[tuple[int, ...], str | None, str | None]:
+        """Inputs with equal keys are the same prompt: one prefill, and one group of completions in the response.
+
+        Prompts with images are equal only with equal images (a digest of their pixel values).
+        """
+        return tuple(self.input_ids), self.adapter, image_digest(self.feature)
 
 
 @dataclass
@@ -114,5 +118,9 @@ def _training_feature(prompt: Prompt, completion: Completion, text: str) -> Inpu
     if completion.routed_experts is not None:
         extra["routed_experts"] = completion.routed_experts
     tokens = completion.tokens
+    if prompt.feature.get("pixel_values") is not None:  # the images the completion was sampled from
+        extra["pixel_values"] = prompt.feature["pixel_values"]
+        extra["image_grid_thw"] = prompt.feature["image_grid_thw"]
+        extra["mm_token_type_ids"] = [*prompt.feature["mm_token_type_ids"], *[0] * len(tokens)]
     labels = [IGNORE_INDEX] * len(prompt.input_ids) + tokens
     return make_input_feature(prompt.input_ids + tokens, labels, **extra)

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from twinkle.data_format import SamplingParams
 from twinkle.errors import ConfigurationError
@@ -71,9 +72,13 @@ class TorchSampler(Sampler):
         self.device_mesh = device_mesh
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         # A transformers PreTrainedModel; typed Any because nn.Module's typing knows none of its methods.
-        self.model: Any = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=dtype, attn_implementation=attn_implementation, **from_pretrained_kwargs
-        ).to(self.device)  # type: ignore[arg-type]  # transformers wraps .to; mypy does not bind self to it
+        self.model: Any = (
+            _auto_class(self.model_path)
+            .from_pretrained(
+                self.model_path, dtype=dtype, attn_implementation=attn_implementation, **from_pretrained_kwargs
+            )
+            .to(self.device)
+        )  # type: ignore[arg-type]  # transformers wraps .to; mypy does not bind self to it
         self.model.eval().requires_grad_(False)
         accelerate(self.model, kernels, patches)
         if record_routing and not topk_routers(self.model):
@@ -81,7 +86,7 @@ class TorchSampler(Sampler):
                 f"record_routing: {type(self.model).__name__} has no softmax top-k MoE router to record"
             )
         self.record_routing = record_routing
-        pad = self.model.config.pad_token_id
+        pad = getattr(self.model.config.get_text_config(), "pad_token_id", None)
         self.pad_token_id = pad if pad is not None else self.tokenizer.pad_token_id or 0
 
     @property
@@ -90,7 +95,7 @@ class TorchSampler(Sampler):
 
     @property
     def max_model_len(self) -> int:
-        return self.model.config.max_position_embeddings
+        return self.model.config.get_text_config().max_position_embeddings
 
     @property
     def adapter_names(self) -> list[str]:
@@ -165,3 +170,9 @@ class TorchSampler(Sampler):
         decoder = Decoder(self.model, self.pad_token_id, generator, self.record_routing)
         with torch.inference_mode():
             return decoder.generate(prompts, params, stop)
+
+
+def _auto_class(model_path: str) -> Any:
+    """``AutoModelForCausalLM``, or ``AutoModelForImageTextToText`` for a vision-language model (e.g. Qwen3-VL)."""
+    model_type = AutoConfig.from_pretrained(model_path).model_type
+    return AutoModelForCausalLM if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else AutoModelForImageTextToText
