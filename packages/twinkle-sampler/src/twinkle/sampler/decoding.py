@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -77,7 +78,7 @@ class Decoder:
         self.record = record
         self.routing: RoutingRecord | None = None
         self.decoder = model.get_decoder()
-        self.base = multimodal_base(model)  # a vision-language model's base, which takes images
+        self.base: Any = multimodal_base(model)  # a vision-language model's base (takes images); None: text-only
         self.head = model.get_output_embeddings()
         self.pad_token_id = pad_token_id
         self.generator = generator

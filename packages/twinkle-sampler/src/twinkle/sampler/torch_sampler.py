@@ -78,7 +78,7 @@ class TorchSampler(Sampler):
                 self.model_path, dtype=dtype, attn_implementation=attn_implementation, **from_pretrained_kwargs
             )
             .to(self.device)
-        )  # type: ignore[arg-type]  # transformers wraps .to; mypy does not bind self to it
+        )
         self.model.eval().requires_grad_(False)
         accelerate(self.model, kernels, patches)
         if record_routing and not topk_routers(self.model):
