@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from twinkle.data_format import IGNORE_INDEX, SamplingParams
-from twinkle.errors import ConfigurationError
+from twinkle.errors import ConfigurationError, InvalidInputError
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vLLM is not installed: `make test-vllm` runs these in .venv-vllm")
@@ -118,6 +118,13 @@ def test_adapters_it_cannot_serve_are_refused_by_name(sampler, vllm_trainer, lor
     with pytest.raises(ConfigurationError, match="not linear layers vLLM puts LoRA on"):
         sampler.add_adapter("head", config, {**state_dict, **head})
     assert sampler.adapter_names == ["large", "small"]
+
+
+def test_prompts_with_images_are_refused_by_name(sampler, vllm_prompts):
+    ids = vllm_prompts[0]["input_ids"]
+    image = {"pixel_values": [[0.5] * 8] * 4, "image_grid_thw": [[1, 2, 2]], "mm_token_type_ids": [0] * len(ids)}
+    with pytest.raises(InvalidInputError, match=r"inputs\[1\] has images, which vLLMSampler does not pass to vLLM"):
+        sampler.sample([vllm_prompts[1], {"input_ids": ids, **image}], GREEDY, use_base_model=True)
 
 
 def test_the_builtin_tiny_model_is_refused_on_cpu_naming_its_head_size():
