@@ -29,7 +29,14 @@ CASES: dict[str, Callable[[], object]] = {
     "ddp-ep": lambda: TransformersModel(MOE, device_mesh=_mesh(dp_size=WORLD, ep_size=WORLD)),
     "experts-split": lambda: TransformersModel(MOE, device_mesh=_mesh(fsdp_size=WORLD, ep_size=WORLD)),
     "heads-split": lambda: TransformersModel(DENSE, device_mesh=_mesh(fsdp_size=WORLD, ulysses_size=WORLD)),
+    "megatron-heads": lambda: _megatron(DENSE, _mesh(tp_size=WORLD)),
 }
+
+
+def _megatron(model_id: str, mesh: DeviceMesh) -> object:
+    from twinkle.model.megatron import MegatronModel  # the [megatron] extra, for this case only
+
+    return MegatronModel(model_id, device_mesh=mesh)
 
 
 def main(cases: list[str]) -> None:

@@ -62,10 +62,13 @@ def test_meshes_the_model_cannot_use_are_refused():
     refused = run_refusals(["dense-ep", "ddp-ep"], nproc=2)
     assert refused["dense-ep"] == "ep_size=2: Qwen3ForCausalLM has no fused MoE experts to spread over the ranks"
     assert refused["ddp-ep"].startswith("expert parallelism (ep_size=2) shards the rest of the model with FSDP2")
-    three = run_refusals(["experts-split", "heads-split"], nproc=3)
+    three = run_refusals(["experts-split", "heads-split", "megatron-heads"], nproc=3)
     assert three["experts-split"] == (
         "ep_size=3 must divide the number of experts per MoE layer (8, in model.layers.0.mlp.experts)"
     )
     assert three["heads-split"].startswith(
         "ulysses_size=3 must divide the model's attention heads (num_attention_heads=4, num_key_value_heads=2)"
+    )
+    assert three["megatron-heads"] == (
+        "tp_size=3 must divide the attention heads (num_attention_heads=4) and the query groups (num_key_value_heads=2)"
     )

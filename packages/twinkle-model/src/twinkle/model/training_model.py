@@ -17,7 +17,6 @@ train with DDP (``dp_size``) or FSDP2 (``fsdp_size``), each rank on its share of
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -28,7 +27,7 @@ import torch
 from peft import PeftConfig
 
 from twinkle.data_format import LossOutput, ModelOutput
-from twinkle.errors import ConfigurationError, InvalidInputError
+from twinkle.errors import ConfigurationError
 from twinkle.hub import resolve_model
 from twinkle.infra import DeviceMesh, get_runtime
 from twinkle.kernel import rekernelize
@@ -36,7 +35,8 @@ from twinkle.model import peft_adapters, stepwise
 from twinkle.model.checkpoints import save_load
 from twinkle.model.features import BatchPreparer
 from twinkle.model.loading import CheckpointingPolicy, load_causal_lm
-from twinkle.model.parallel import local_device, parallelism_for
+from twinkle.model.optimizer_calls import OptimizerCalls
+from twinkle.model.parallel import Parallelism, local_device, parallelism_for
 from twinkle.model.passes.engine import PassEngine
 from twinkle.model.passes.logps import inner_model
 from twinkle.model.passes.plans import LossPlan, Plan, TargetsPlan
@@ -53,7 +53,7 @@ logger = get_logger(__name__)
 OutputT = TypeVar("OutputT", ModelOutput, TargetsOutput)
 
 
-class TrainingModel(ABC):
+class TrainingModel(OptimizerCalls, ABC):
     """A transformers causal LM trained through semantic calls; see the module docstring.
 
     ``model_id`` is anything :func:`twinkle.hub.resolve_model` accepts (default:
@@ -87,12 +87,12 @@ class TrainingModel(ABC):
         self.model_path = resolve_model(model_id)
         self.device_mesh = device_mesh or get_runtime().global_device_mesh
         self.device = local_device(device)
-        self.parallel = parallelism_for(self.device_mesh, self.device, type(self))
+        self.parallel = self._parallelism()
         self.mixed_precision = mixed_precision
         self.logps_chunk_size = logps_chunk_size
         # A transformers PreTrainedModel, typed Any (a PeftModel around it once adapters are added).
         options = {"dtype": dtype, "attn_implementation": attn_implementation, **from_pretrained_kwargs}
-        self.model = load_causal_lm(self.model_path, self.device, gradient_checkpointing, kernels, patches, **options)
+        self.model = self._load_model(gradient_checkpointing, kernels, patches, options)
         self.parallel.prepare(self.model)
         config = self.model.config.get_text_config()  # a vision-language model's language model config
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
@@ -237,62 +237,6 @@ class TrainingModel(ABC):
         plan = TargetsPlan(state, AdapterResult(adapter_name), sequences, loss_fn, backward, limits, self.parallel)
         return self._run(plan, None, TargetsOutput)
 
-    def update_optimizer(self, adapter_name: str | None = None, **hyperparameters: Any) -> None:
-        """Set hyper-parameters (``lr``, ``betas``, ``eps``, ``weight_decay``...) of the existing optimizer in place.
-
-        Its state (e.g. Adam moments) is kept. Only keys its param groups already
-        have are accepted. An LR scheduler, if set, may override ``lr`` on its next step.
-        """
-        self.train_state(adapter_name).update_optimizer(hyperparameters)
-
-    def clip_grad_norm(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> float:
-        """Clip this adapter's gradients to ``max_grad_norm`` (L2); returns the norm before clipping."""
-        state = self.train_state(adapter_name)
-        norm = self.parallel.clip_grad_norm(self.model, state.params, max_grad_norm)
-        state.train_metric.accumulate(grad_norm=norm)
-        return norm
-
-    def step(self, adapter_name: str | None = None) -> None:
-        """One optimizer step on the accumulated gradients."""
-        state = self.train_state(adapter_name)
-        optimizer = state.require_optimizer()
-        self.parallel.sync_gradients(self.model, state.params)
-        optimizer.step()
-        state.global_step += 1
-        state.accumulated = 0
-
-    def zero_grad(self, adapter_name: str | None = None) -> None:
-        """Drop this adapter's gradients (other adapters keep theirs)."""
-        state = self.train_state(adapter_name)
-        for param in state.params:
-            param.grad = None
-        state.accumulated = 0  # the dropped gradients no longer count towards gradient_accumulation_steps
-
-    def lr_step(self, adapter_name: str | None = None) -> None:
-        """Advance the LR scheduler, if one is set."""
-        state = self.train_state(adapter_name)
-        if state.lr_scheduler is not None:
-            state.lr_scheduler.step()
-
-    def clip_grad_and_step(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> dict[str, Any]:
-        """Clip, step, zero and advance the schedule once ``gradient_accumulation_steps`` calls have accumulated."""
-        state = self.train_state(adapter_name)
-        state.require_optimizer()
-        if state.accumulated < state.gradient_accumulation_steps:
-            return {"stepped": False, "accumulated": state.accumulated}
-        name = state.name if state.is_adapter else None
-        grad_norm = self.clip_grad_norm(max_grad_norm, adapter_name=name)
-        if not math.isfinite(grad_norm):  # a finite loss can still have a NaN/inf gradient
-            self.zero_grad(name)
-            raise InvalidInputError(
-                f"the gradient norm is {grad_norm}: the optimizer step was skipped and the accumulated "
-                "gradients dropped, so the weights are unchanged"
-            )
-        self.step(name)
-        self.zero_grad(name)
-        self.lr_step(name)
-        return {"stepped": True, "grad_norm": grad_norm, "lr": state.current_lr(), "global_step": state.global_step}
-
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
         """Metrics since the previous call (then reset): loss, accuracy, grad_norm, lr, tokens/s, user metrics."""
         return self.train_state(adapter_name).report(is_training)
@@ -335,6 +279,24 @@ class TrainingModel(ABC):
         save_load.resume(self, Path(path), adapter_name, dataloader)
 
     # ------------------------------------------------------------------ back-end hooks
+
+    def _parallelism(self) -> Parallelism:
+        """How this model's computations run across processes (its ``device_mesh``)."""
+        return parallelism_for(self.device_mesh, self.device, type(self))
+
+    def _load_model(
+        self,
+        gradient_checkpointing: CheckpointingPolicy,
+        kernels: KernelsSpec,
+        patches: Sequence[PatchSpec],
+        options: dict[str, Any],
+    ) -> Any:
+        """The model at ``self.model_path`` on ``self.device``, in training mode."""
+        return load_causal_lm(self.model_path, self.device, gradient_checkpointing, kernels, patches, **options)
+
+    def load_full_weights(self, path: Path) -> None:
+        """Replace every weight by a full checkpoint's (a transformers directory); nothing changes on a mismatch."""
+        save_load.load_full_weights(self, path)
 
     @abstractmethod
     def _route_rows(self, row_adapters: Sequence[str | None]) -> AbstractContextManager[Any]:

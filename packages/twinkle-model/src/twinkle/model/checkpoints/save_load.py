@@ -123,7 +123,7 @@ def load_weights(owner: TrainingModel, path: Path, adapter_name: str | None, loa
         )
     optimizer_state = _read_optimizer_state(owner, path, name) if load_optimizer else None
     if name is None:
-        _load_full_weights(owner, path)
+        owner.load_full_weights(path)
     elif name in owner.adapter_names:
         owner.load_adapter_weights(name, path)
     else:
@@ -172,7 +172,8 @@ def _read_optimizer_state(owner: TrainingModel, path: Path, name: str | None) ->
     return saved
 
 
-def _load_full_weights(owner: TrainingModel, path: Path) -> None:
+def load_full_weights(owner: TrainingModel, path: Path) -> None:
+    """A transformers checkpoint's weights into ``owner``'s model, checked whole before any is copied."""
     model: PreTrainedModel = owner.model
     files = sorted(path.glob("*.safetensors"))
     if not files:

@@ -50,17 +50,21 @@ def own_group(groups: Sequence[Sequence[int]], rank: int) -> dist.ProcessGroup:
     return own
 
 
-def all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]:
-    """Element-wise sums of ``values`` over all ranks (float64, so token counts stay exact)."""
+def all_reduce_sum(
+    values: Sequence[float], device: torch.device, group: dist.ProcessGroup | None = None
+) -> list[float]:
+    """Element-wise sums of ``values`` over the ranks of ``group`` (all) in float64, so token counts stay exact."""
     tensor = torch.tensor(list(values), dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     return tensor.tolist()
 
 
-def all_reduce_max(values: Sequence[float], device: torch.device) -> list[float]:
-    """Element-wise maxima of ``values`` over all ranks."""
+def all_reduce_max(
+    values: Sequence[float], device: torch.device, group: dist.ProcessGroup | None = None
+) -> list[float]:
+    """Element-wise maxima of ``values`` over the ranks of ``group`` (all)."""
     tensor = torch.tensor(list(values), dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
     return tensor.tolist()
 
 

@@ -96,7 +96,9 @@ def model_limits(model: Any) -> tuple[int, int | None]:
     ``model`` is a transformers causal LM, possibly PEFT-wrapped.
     """
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    vocab_size = min(inner.get_input_embeddings().num_embeddings, inner.get_output_embeddings().weight.shape[0])
+    head = inner.get_output_embeddings()
+    # out_features: a vocabulary-parallel head holds only its rows of the weight
+    vocab_size = min(inner.get_input_embeddings().num_embeddings, getattr(head, "out_features", head.weight.shape[0]))
     return vocab_size, getattr(inner.config, "max_position_embeddings", None)
 
 

@@ -1,0 +1,70 @@
+"""Under ``torchrun --nproc_per_node 2``: MegatronModel trains with ``tp_size=2`` or ``dp_size=2``.
+
+    torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp OUTPUT_DIR
+
+Every weight trains for 4 steps in float64 (a checkpoint with the optimizer after step 2, the final
+weights after step 4); a fresh model then resumes from the step-2 checkpoint for the last 2 steps.
+Rank 0 prints ``RESULT`` and the JSON of the losses, gradient norms and paths; the same run in one
+process is :func:`run` with no mesh. test_megatron_parallel.py runs both and compares.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from conversations import encoded_conversations  # beside this script
+
+import twinkle
+from twinkle import DeviceMesh
+from twinkle.model.megatron import MegatronModel
+
+MODEL = "builtin://qwen3-tiny"
+
+
+def _model(mesh: DeviceMesh | None) -> MegatronModel:
+    model = MegatronModel(MODEL, device="cpu", dtype=torch.float64, device_mesh=mesh)
+    model.set_optimizer("AdamW", lr=1e-3)
+    return model
+
+
+def _steps(model: MegatronModel, batch: list[dict[str, Any]], count: int) -> tuple[list[float], list[float]]:
+    losses, norms = [], []
+    for _ in range(count):
+        losses.append(model.forward_backward(inputs=batch).loss)
+        norms.append(model.clip_grad_and_step(max_grad_norm=1.0)["grad_norm"])
+    return losses, norms
+
+
+def run(mesh: DeviceMesh | None, output_dir: Path) -> dict[str, Any]:
+    """4 steps with a checkpoint after the second, then the last 2 again from that checkpoint."""
+    features = encoded_conversations(MODEL)
+    data_ranks = mesh.data_world_size if mesh is not None else 1
+    rank = mesh.data_rank(int(os.environ["RANK"])) if mesh is not None else 0
+    batch = features[rank::data_ranks]  # each data-parallel rank's share; tensor-parallel ranks share theirs
+    model = _model(mesh)
+    losses, norms = _steps(model, batch, 2)
+    checkpoint = model.save("step-2", output_dir=output_dir)
+    more_losses, more_norms = _steps(model, batch, 2)
+    final = model.save("final", output_dir=output_dir, save_optimizer=False)
+    resumed = _model(mesh)
+    resumed.resume_from_checkpoint(checkpoint)
+    resumed_losses, _ = _steps(resumed, batch, 2)
+    return {"losses": losses + more_losses, "norms": norms + more_norms, "resumed": resumed_losses, "final": str(final)}
+
+
+def main(layout: str, output_dir: Path) -> None:
+    twinkle.initialize(seed=0)
+    world = int(os.environ["WORLD_SIZE"])
+    mesh = DeviceMesh.from_sizes(world_size=world, **{f"{layout}_size": world})
+    result = run(mesh, output_dir)
+    if twinkle.is_master():
+        print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))

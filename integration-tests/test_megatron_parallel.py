@@ -1,0 +1,82 @@
+"""MegatronModel under ``torchrun --nproc_per_node 2``: tensor parallelism and data parallelism equal one process.
+
+``megatron_training.py`` trains every weight of ``builtin://qwen3-tiny`` for 4 steps with ``tp_size=2``
+(each rank holding half of every attention and MLP projection, and of the vocabulary) and with
+``dp_size=2``; this process runs the same steps alone. In float64 (where only summation order differs):
+the losses and gradient norms agree to 1e-8, clipping binds, resuming from the step-2 checkpoint repeats
+steps 3-4, and the final checkpoints (shards gathered whole) load in plain transformers with the
+one-process checkpoint's logits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+pytest.importorskip("megatron.core", reason="needs twinkle-model[megatron]")
+sys.path.insert(0, str(Path(__file__).parent))
+from conversations import encoded_conversations
+from megatron_training import MODEL, run
+from torchrun_harness import CPU_ONLY, TIMEOUT_S, free_port
+
+from twinkle.hub import resolve_model
+
+pytestmark = [pytest.mark.integration]
+TOL = {"abs": 1e-8}  # float64: summation order moves these by ~1e-12
+
+
+def _torchrun(layout: str, output: Path) -> dict[str, Any]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1"]
+    command += [f"--master_port={free_port()}", str(Path(__file__).parent / "megatron_training.py")]
+    completed = subprocess.run(
+        [*command, layout, str(output)],
+        env={**os.environ, **CPU_ONLY},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    line = next(line for line in completed.stdout.splitlines() if line.startswith("RESULT "))
+    return dict(json.loads(line.removeprefix("RESULT ")))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    resolve_model(MODEL)  # built once, before several processes
+    output = tmp_path_factory.mktemp("megatron")
+    results = {layout: _torchrun(layout, output / layout) for layout in ("tp", "dp")}
+    results["alone"] = run(None, output / "alone")
+    return results
+
+
+@pytest.mark.parametrize("layout", ["tp", "dp"])
+def test_parallel_training_equals_one_process(runs, layout):
+    split, alone = runs[layout], runs["alone"]
+    print(f"{layout}_size=2: losses {split['losses']}, one process {alone['losses']}")
+    assert split["losses"] == pytest.approx(alone["losses"], **TOL)
+    assert split["norms"] == pytest.approx(alone["norms"], **TOL)
+    assert min(split["norms"]) > 1.0  # clipping to 1.0 binds: the norm counts every shard once
+    assert split["resumed"] == pytest.approx(split["losses"][2:], abs=1e-12)
+
+
+def test_tensor_parallel_checkpoint_loads_in_plain_transformers(runs):
+    features = encoded_conversations(MODEL)
+    logits = []
+    for layout in ("tp", "alone"):
+        model = AutoModelForCausalLM.from_pretrained(runs[layout]["final"], dtype=torch.float64).eval()
+        with torch.no_grad():
+            logits.append([model(torch.tensor([f["input_ids"]])).logits[0] for f in features])
+    plain = AutoModelForCausalLM.from_pretrained(resolve_model(MODEL), dtype=torch.float64).eval()
+    with torch.no_grad():
+        untrained = plain(torch.tensor([features[0]["input_ids"]])).logits[0]
+    for split, alone in zip(*logits, strict=True):
+        assert torch.allclose(split, alone, atol=1e-8, rtol=0), float((split - alone).abs().max())
+    assert not torch.allclose(logits[0][0], untrained, atol=1e-3)  # the steps were saved

@@ -1,0 +1,214 @@
+"""megatron-core's ``GPTModel`` behind the few transformers methods the pass engine calls.
+
+The engine runs any causal LM the same way: the decoder's last hidden states (``get_decoder()``), then the
+output layer (``get_output_embeddings()``) on the positions that predict something, in chunks. Here the
+decoder is megatron's embedding and transformer block (tensor-parallel layers, :mod:`.attention`'s core
+attention) and the output layer is vocabulary-parallel: each rank's slice of the logits, gathered whole,
+so the losses see the logits one process would (each chunk's only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer import TransformerConfig
+from safetensors.torch import save_file
+from torch import nn
+
+from twinkle.model.megatron.attention import RotaryAttention, RowPositions
+from twinkle.model.megatron.conversion import check_supported, to_transformers
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+class _CopyToGroup(torch.autograd.Function):
+    """Identity forward; the backward sums the ranks' gradients (each used the input for its vocabulary slice)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return tensor
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _GatherLastDim(torch.autograd.Function):
+    """Every rank's slice along the last dimension, joined; the backward keeps this rank's slice of the gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, group: dist.ProcessGroup, rank: int, size: int) -> torch.Tensor:
+        ctx.rank, ctx.size = rank, size
+        slices = [torch.empty_like(tensor) for _ in range(size)]
+        dist.all_gather(slices, tensor.contiguous(), group=group)
+        return torch.cat(slices, dim=-1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        return grad.chunk(ctx.size, dim=-1)[ctx.rank].contiguous(), None, None, None
+
+
+class VocabParallelHead(nn.Module):
+    """The output layer: this rank's vocabulary rows of ``weight``, logits gathered over the group."""
+
+    weight: torch.Tensor
+
+    def __init__(self, weight: torch.Tensor, vocab_size: int, group: dist.ProcessGroup | None, rank: int, size: int):
+        super().__init__()
+        object.__setattr__(self, "weight", weight)  # the model's own tensor, not a second registration
+        self.out_features = vocab_size
+        self.group, self.rank, self.size = group, rank, size
+
+    def forward(self, hidden_NH: torch.Tensor) -> torch.Tensor:
+        if self.size == 1:
+            return nn.functional.linear(hidden_NH, self.weight)
+        hidden_NH = _CopyToGroup.apply(hidden_NH, self.group)  # type: ignore[no-untyped-call]
+        local_NV = nn.functional.linear(hidden_NH, self.weight)
+        logits: torch.Tensor = _GatherLastDim.apply(local_NV, self.group, self.rank, self.size)  # type: ignore[no-untyped-call]
+        return logits
+
+
+class MegatronDecoder(nn.Module):
+    """``input_ids`` (and the batch's mask and positions) to the last hidden states ``[B, S, H]``."""
+
+    owner: MegatronCausalLM
+
+    def __init__(self, owner: MegatronCausalLM) -> None:
+        super().__init__()
+        object.__setattr__(self, "owner", owner)  # not a submodule: its parameters are the owner's
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        **_: Any,  # use_cache and the like: megatron keeps no cache here
+    ) -> SimpleNamespace:
+        owner = self.owner
+        rows, length = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(length, device=input_ids.device).expand(rows, length)
+        owner.positions.position_ids_BS = position_ids
+        try:
+            embedded_SBH = owner.gpt.embedding(input_ids=input_ids, position_ids=position_ids)
+            mask = block_mask(attention_mask, position_ids)
+            hidden_SBH = owner.gpt.decoder(hidden_states=embedded_SBH, attention_mask=mask)
+        finally:
+            owner.positions.position_ids_BS = None
+        return SimpleNamespace(last_hidden_state=hidden_SBH.transpose(0, 1))
+
+
+def block_mask(attention_mask_BS: torch.Tensor | None, position_ids_BS: torch.Tensor) -> torch.Tensor:
+    """``[B, 1, S, S]``, ``True`` where a query may not see a key: later tokens, padding, other packed sequences.
+
+    Each token always sees itself, so no row of the softmax is empty (a padding query's output is unused).
+    """
+    length = position_ids_BS.shape[1]
+    device = position_ids_BS.device
+    later = torch.ones(length, length, dtype=torch.bool, device=device).triu(1)
+    sequence_BS = (position_ids_BS == 0).cumsum(dim=1)  # packed rows: positions restart at each sequence
+    other = sequence_BS[:, :, None] != sequence_BS[:, None, :]
+    masked = later[None] | other
+    if attention_mask_BS is not None:
+        masked = masked | (attention_mask_BS[:, None, :] == 0)
+    masked = masked & ~torch.eye(length, dtype=torch.bool, device=device)[None]
+    return masked[:, None]
+
+
+class MegatronCausalLM(nn.Module):
+    """A megatron-core GPT model of a transformers config, with this rank's tensor-parallel shards."""
+
+    def __init__(self, config: Any, dtype: torch.dtype, group: dist.ProcessGroup | None, rank: int, size: int) -> None:
+        super().__init__()
+        check_supported(config, size)
+        self.config = config
+        self.group, self.rank, self.size = group, rank, size
+        self.positions = RowPositions()
+        spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+        rope_theta = float(config.rope_parameters["rope_theta"])
+        attention = spec.submodules.self_attention.submodules
+        attention.core_attention = partial(RotaryAttention, positions=self.positions, rope_theta=rope_theta)
+        self.gpt = GPTModel(
+            config=transformer_config(config, dtype, size),
+            transformer_layer_spec=spec,
+            vocab_size=config.vocab_size,
+            max_sequence_length=config.max_position_embeddings,
+            share_embeddings_and_output_weights=config.tie_word_embeddings,
+            position_embedding_type="none",
+        )
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.gpt.embedding.word_embeddings  # num_embeddings is the whole vocabulary's
+
+    def get_output_embeddings(self) -> VocabParallelHead:
+        weight = self.gpt.shared_embedding_or_output_weight()
+        return VocabParallelHead(weight, self.config.vocab_size, self.group, self.rank, self.size)
+
+    def get_decoder(self) -> MegatronDecoder:
+        return MegatronDecoder(self)
+
+    def megatron_state_dict(self) -> dict[str, torch.Tensor]:
+        """This rank's tensors under megatron-core's names (views of the parameters)."""
+        return {name: param for name, param in self.gpt.named_parameters()}
+
+    def save_pretrained(self, directory: str, state_dict: Mapping[str, torch.Tensor], **_: Any) -> None:
+        """A transformers checkpoint directory from whole megatron tensors (``state_dict`` as gathered)."""
+        tensors = to_transformers({name.removeprefix("gpt."): t for name, t in state_dict.items()}, self.config)
+        self.config.save_pretrained(directory)
+        save_file({name: t.detach().cpu() for name, t in tensors.items()}, str(Path(directory) / WEIGHTS_FILE))
+
+    @torch.no_grad()
+    def generate(
+        self, input_ids: torch.Tensor, max_new_tokens: int, attention_mask: Any = None, **_: Any
+    ) -> torch.Tensor:
+        """Greedy continuation of one row, recomputing the whole prefix per token (a quick check, no cache)."""
+        eos = self.config.eos_token_id
+        stops: set[int] = set(eos if isinstance(eos, list) else [eos]) - {None}
+        tokens = input_ids
+        head = self.get_output_embeddings()
+        for _step in range(max_new_tokens):
+            hidden_BSH = self.get_decoder()(tokens).last_hidden_state
+            next_token = head(hidden_BSH[:, -1]).argmax(dim=-1, keepdim=True)
+            tokens = torch.cat([tokens, next_token], dim=1)
+            if int(next_token[0, 0]) in stops:
+                break
+        return tokens
+
+
+def transformer_config(config: Any, dtype: torch.dtype, tp_size: int) -> TransformerConfig:
+    """megatron-core's description of a supported transformers decoder, with no CUDA-only fusions."""
+    return TransformerConfig(
+        num_layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size,
+        num_attention_heads=config.num_attention_heads,
+        num_query_groups=config.num_key_value_heads,
+        kv_channels=config.head_dim,
+        ffn_hidden_size=config.intermediate_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=config.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=nn.functional.silu,
+        add_bias_linear=False,
+        qk_layernorm=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp_size,
+        params_dtype=dtype,
+        use_cpu_initialization=True,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+    )

@@ -1,0 +1,129 @@
+"""Weights between transformers' and megatron-core's layouts, and cut into tensor-parallel shards.
+
+transformers names a Qwen3 decoder layer's projections one by one; megatron-core fuses them:
+
+- ``linear_qkv`` holds, for each key/value head group in turn, that group's query heads, then its key
+  head, then its value head (so a tensor-parallel rank's rows are whole groups);
+- ``linear_fc1`` is ``gate_proj`` stacked on ``up_proj`` (``partition_stride`` 2: each rank holds its
+  part of both);
+- the layer norms and QK-norms keep their own tensors under other names.
+
+A tensor-parallel parameter carries megatron's ``partition_dim`` and ``partition_stride``;
+:func:`local_part` cuts a whole tensor to a rank's shard by them and :func:`whole` joins the shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from twinkle.errors import ConfigurationError
+
+SUPPORTED_FAMILIES = ("qwen3",)
+# transformers' per-layer name -> megatron-core's, for tensors that move as they are.
+_LAYER_NAMES = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "post_attention_layernorm.weight": "pre_mlp_layernorm.weight",
+    "self_attn.o_proj.weight": "self_attention.linear_proj.weight",
+    "self_attn.q_norm.weight": "self_attention.q_layernorm.weight",
+    "self_attn.k_norm.weight": "self_attention.k_layernorm.weight",
+    "mlp.down_proj.weight": "mlp.linear_fc2.weight",
+}
+
+
+def check_supported(config: Any, tp_size: int) -> None:
+    """Refuse a model or a tensor-parallel size this back-end cannot run, naming what does not fit."""
+    if config.model_type not in SUPPORTED_FAMILIES:
+        raise ConfigurationError(
+            f"MegatronModel converts {', '.join(SUPPORTED_FAMILIES)} models; {config.model_type!r} is not one"
+        )
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default" or getattr(config, "use_sliding_window", False):
+        raise ConfigurationError("MegatronModel supports default rotary embeddings without sliding windows")
+    heads, groups = config.num_attention_heads, config.num_key_value_heads
+    if heads % tp_size or groups % tp_size:
+        raise ConfigurationError(
+            f"tp_size={tp_size} must divide the attention heads (num_attention_heads={heads}) and the query "
+            f"groups (num_key_value_heads={groups})"
+        )
+    for name, size in (("intermediate_size", config.intermediate_size), ("vocab_size", config.vocab_size)):
+        if size % tp_size:
+            raise ConfigurationError(f"tp_size={tp_size} must divide the model's {name} ({size})")
+
+
+def to_megatron(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
+    """A transformers state dict of a supported family in megatron-core's names and layouts."""
+    heads, groups, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    out = {
+        "embedding.word_embeddings.weight": state["model.embed_tokens.weight"],
+        "decoder.final_layernorm.weight": state["model.norm.weight"],
+    }
+    if not config.tie_word_embeddings:
+        out["output_layer.weight"] = state["lm_head.weight"]
+    for layer in range(config.num_hidden_layers):
+        hf, mc = f"model.layers.{layer}.", f"decoder.layers.{layer}."
+        for hf_name, mc_name in _LAYER_NAMES.items():
+            out[mc + mc_name] = state[hf + hf_name]
+        q = state[hf + "self_attn.q_proj.weight"].view(groups, heads // groups * dim, -1)
+        k = state[hf + "self_attn.k_proj.weight"].view(groups, dim, -1)
+        v = state[hf + "self_attn.v_proj.weight"].view(groups, dim, -1)
+        out[mc + "self_attention.linear_qkv.weight"] = torch.cat([q, k, v], dim=1).reshape(-1, q.shape[-1])
+        gate, up = state[hf + "mlp.gate_proj.weight"], state[hf + "mlp.up_proj.weight"]
+        out[mc + "mlp.linear_fc1.weight"] = torch.cat([gate, up])
+    return out
+
+
+def to_transformers(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`to_megatron`: megatron-core's whole tensors under transformers' names."""
+    heads, groups, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    out = {
+        "model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
+        "model.norm.weight": state["decoder.final_layernorm.weight"],
+    }
+    if not config.tie_word_embeddings:
+        out["lm_head.weight"] = state["output_layer.weight"]
+    for layer in range(config.num_hidden_layers):
+        hf, mc = f"model.layers.{layer}.", f"decoder.layers.{layer}."
+        for hf_name, mc_name in _LAYER_NAMES.items():
+            out[hf + hf_name] = state[mc + mc_name]
+        qkv = state[mc + "self_attention.linear_qkv.weight"].view(groups, (heads // groups + 2) * dim, -1)
+        q, k, v = qkv.split([heads // groups * dim, dim, dim], dim=1)
+        out[hf + "self_attn.q_proj.weight"] = q.reshape(heads * dim, -1)
+        out[hf + "self_attn.k_proj.weight"] = k.reshape(groups * dim, -1)
+        out[hf + "self_attn.v_proj.weight"] = v.reshape(groups * dim, -1)
+        gate, up = state[mc + "mlp.linear_fc1.weight"].chunk(2)
+        out[hf + "mlp.gate_proj.weight"], out[hf + "mlp.up_proj.weight"] = gate, up
+    return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def is_sharded(param: torch.Tensor) -> bool:
+    """A tensor-parallel parameter (each rank holds a part), as megatron-core marks them."""
+    return bool(getattr(param, "tensor_model_parallel", False)) and getattr(param, "partition_dim", -1) >= 0
+
+
+def local_part(full: torch.Tensor, param: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """Rank ``rank``'s shard of ``full`` for ``param`` (``full`` itself for a replicated parameter)."""
+    if size == 1 or not is_sharded(param):
+        return full
+    dim, stride = _partition(param)
+    parts = full.chunk(stride * size, dim)  # with stride s, each of the s stacked blocks is split over the ranks
+    return torch.cat([parts[block * size + rank] for block in range(stride)], dim).clone()
+
+
+def whole(local: torch.Tensor, param: torch.Tensor, group: dist.ProcessGroup | None, size: int) -> torch.Tensor:
+    """The whole tensor of which every rank of ``group`` holds ``local`` (a collective; the inverse of local_part)."""
+    if size == 1 or not is_sharded(param):
+        return local
+    dim, stride = _partition(param)
+    shards = [torch.empty_like(local) for _ in range(size)]
+    dist.all_gather(shards, local.detach().contiguous(), group=group)
+    blocks = [shard.chunk(stride, dim) for shard in shards]  # [rank][block]
+    return torch.cat([blocks[rank][block] for block in range(stride) for rank in range(size)], dim)
+
+
+def _partition(param: Any) -> tuple[int, int]:
+    """``(partition_dim, partition_stride)``, which megatron-core sets on its tensor-parallel parameters."""
+    return param.partition_dim, getattr(param, "partition_stride", 1)

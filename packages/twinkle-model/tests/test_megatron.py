@@ -1,0 +1,99 @@
+"""``MegatronModel`` in one process (tensor-parallel size 1) against plain transformers on the same weights.
+
+The logits, loss and every gradient (mapped back to transformers' names) equal the transformers model's
+in float32 (1e-5); a trained model saves a directory plain transformers loads with the trainer's logits;
+resuming from a checkpoint repeats the next steps; and what the back-end cannot do yet is refused by name.
+The tensor-parallel and data-parallel runs are in integration-tests/test_megatron_parallel.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+
+from twinkle.data_format import IGNORE_INDEX
+from twinkle.errors import ConfigurationError
+from twinkle.hub import resolve_model
+
+megatron = pytest.importorskip("twinkle.model.megatron", reason="needs twinkle-model[megatron]")
+from twinkle.model.megatron.conversion import to_transformers  # noqa: E402
+
+MODEL = "builtin://qwen3-tiny"
+TOL = {"atol": 1e-5, "rtol": 1e-5}
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    return megatron.MegatronModel(MODEL, device="cpu")
+
+
+def _plain() -> Any:
+    return AutoModelForCausalLM.from_pretrained(resolve_model(MODEL), dtype=torch.float32)
+
+
+def test_logits_loss_and_gradients_equal_transformers(model, sft_features):
+    features = sft_features[:4]
+    ours = model.forward_only(features, return_logits=True).logits
+    plain = _plain()
+    total, count = torch.zeros(()), 0
+    for feature, logits in zip(features, ours, strict=True):
+        theirs = plain(torch.tensor([feature["input_ids"]])).logits[0]
+        assert torch.allclose(logits, theirs.detach(), **TOL), float((logits - theirs).abs().max())
+        labels = torch.tensor(feature["labels"])
+        total = total + F.cross_entropy(theirs[:-1], labels[1:], ignore_index=IGNORE_INDEX, reduction="sum")
+        count += int((labels[1:] != IGNORE_INDEX).sum())
+    (total / count).backward()
+    output = model.forward_backward(features)
+    assert output.loss == pytest.approx(float(total / count), rel=1e-5)  # float32 sums over ~1,000 tokens
+    grads = to_transformers({name: p.grad for name, p in model.model.gpt.named_parameters()}, plain.config)
+    expected = dict(plain.named_parameters())
+    for name, grad in grads.items():
+        reference = expected[name].grad
+        scale = float(reference.abs().max())
+        assert torch.allclose(grad, reference, atol=1e-5 * max(scale, 1.0), rtol=1e-4), name
+    model.zero_grad()
+
+
+def test_a_trained_model_saves_what_transformers_loads_and_resumes(sft_features, tmp_path: Path):
+    model = megatron.MegatronModel(MODEL, device="cpu")
+    model.set_optimizer("AdamW", lr=1e-3)
+    batch = sft_features[:4]
+    for _ in range(2):
+        model.forward_backward(batch)
+        model.clip_grad_and_step()
+    checkpoint = model.save("step-2", output_dir=tmp_path)
+    after = []
+    for _ in range(2):
+        after.append(model.forward_backward(batch).loss)
+        model.clip_grad_and_step()
+    reloaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    resumed = megatron.MegatronModel(MODEL, device="cpu")
+    resumed.set_optimizer("AdamW", lr=1e-3)
+    resumed.resume_from_checkpoint(checkpoint)
+    repeated = []
+    for _ in range(2):
+        repeated.append(resumed.forward_backward(batch).loss)
+        resumed.clip_grad_and_step()
+    assert repeated == pytest.approx(after, abs=1e-6)
+    ours = resumed.forward_only(batch[:1], return_logits=True).logits[0]
+    model_logits = model.forward_only(batch[:1], return_logits=True).logits[0]
+    assert torch.allclose(ours, model_logits, atol=1e-5)  # the same weights after the same steps
+    with torch.no_grad():
+        saved = reloaded(torch.tensor([batch[0]["input_ids"]])).logits[0]
+    step_two = megatron.MegatronModel(MODEL, device="cpu")
+    step_two.load(checkpoint)
+    assert torch.allclose(step_two.forward_only(batch[:1], return_logits=True).logits[0], saved, **TOL)
+
+
+def test_what_the_back_end_cannot_do_yet_is_refused(model):
+    with pytest.raises(ConfigurationError, match="LoRA adapters on megatron-core layers are not built yet"):
+        model.add_adapter_to_model("default", {"r": 4, "target_modules": "all-linear"})
+    with pytest.raises(ConfigurationError, match="converts qwen3 models; 'llama' is not one"):
+        megatron.MegatronModel("builtin://llama-tiny", device="cpu")
+    with pytest.raises(ConfigurationError, match=r"does not take \['gradient_checkpointing'\]"):
+        megatron.MegatronModel(MODEL, device="cpu", gradient_checkpointing=True)
