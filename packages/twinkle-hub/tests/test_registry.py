@@ -9,6 +9,7 @@ from twinkle.hub.registry import get_builtin
 
 MODELS = [
     "builtin://qwen3-tiny",
+    "builtin://qwen3-tiny-head32",
     "builtin://llama-tiny",
     "builtin://qwen2-tiny",
     "builtin://qwen3-moe-tiny",

@@ -5,7 +5,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model_state_dict
 
-from twinkle.hub import resolve_dataset
+from twinkle.hub import resolve_dataset, resolve_model
 from twinkle.sampler import TorchSampler
 
 
@@ -92,19 +92,9 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="session")
-def vllm_model_dir(tmp_path_factory):
-    """``builtin://qwen3-tiny`` with attention heads of 32 (vLLM's CPU kernels run no smaller), else the same model.
-
-    Same architecture, tokenizer, chat template and weight generator; only
-    ``head_dim`` (16 in the builtin) differs, so q/k/v/o are wider.
-    """
-    from twinkle.hub.models.qwen3_tiny import qwen3_weights, tiny_config, write_model
-
-    config = tiny_config()
-    config.head_dim = 32
-    target = tmp_path_factory.mktemp("qwen3-tiny-head32")
-    write_model(target, config, qwen3_weights(config))
-    return str(target)
+def vllm_model_dir():
+    """The tiny Qwen3 with attention heads 32 wide (vLLM's CPU kernels run no narrower)."""
+    return resolve_model("builtin://qwen3-tiny-head32")
 
 
 @pytest.fixture(scope="session")

@@ -52,6 +52,14 @@ _SPECS = (
         builder="twinkle.hub.models.qwen3_tiny:build",
     ),
     BuiltinSpec(
+        id="builtin://qwen3-tiny-head32",
+        kind="model",
+        description="builtin://qwen3-tiny with attention heads 32 wide instead of 16 (vLLM's CPU attention takes "
+        "no narrower); same tokenizer and weight generator",
+        version=1,
+        builder="twinkle.hub.models.qwen3_tiny:build_head32",
+    ),
+    BuiltinSpec(
         id="builtin://llama-tiny",
         kind="model",
         description="Llama-architecture causal LM (4 layers, hidden 64) with the Qwen3 tokenizer; random weights",

@@ -69,6 +69,13 @@ def build(target: Path) -> None:
     write_model(target, config, qwen3_weights(config))
 
 
+def build_head32(target: Path) -> None:
+    """``build`` with attention heads 32 wide (the least vLLM's CPU attention kernels take): wider q/k/v/o."""
+    config = tiny_config()
+    config.head_dim = 32
+    write_model(target, config, qwen3_weights(config))
+
+
 def write_model(
     target: Path, config: Any, weights: dict[str, np.ndarray], chat_template: str = QWEN3_CHAT_TEMPLATE
 ) -> None:

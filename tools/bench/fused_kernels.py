@@ -1,8 +1,8 @@
 """Kernels side by side, in one run: fused log-probs vs the plain ``[T, V]`` log-softmax, multi-LoRA vs a loop.
 
 ```bash
-python tools/bench/kernels.py           # vocab 151,936 × 8,192 tokens; about 2.5 minutes and 16 GB on CPU
-python tools/bench/kernels.py --quick   # 1,024 tokens, smoke run
+python tools/bench/fused_kernels.py           # vocab 151,936 × 8,192 tokens; about 2.5 minutes and 16 GB on CPU
+python tools/bench/fused_kernels.py --quick   # 1,024 tokens, smoke run
 ```
 
 On CPU the Twinkle side of the log-probs is ``twinkle.module.chunked_token_logps`` over ``--chunk-size``
