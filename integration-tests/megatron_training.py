@@ -2,10 +2,11 @@
 
     torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp OUTPUT_DIR
 
-Every weight trains for 4 steps in float64 (a checkpoint with the optimizer after step 2, the final
-weights after step 4); a fresh model then resumes from the step-2 checkpoint for the last 2 steps.
-Rank 0 prints ``RESULT`` and the JSON of the losses, gradient norms and paths; the same run in one
-process is :func:`run` with no mesh. test_megatron_parallel.py runs both and compares.
+Every weight, then a LoRA adapter on every projection (PEFT's "all-linear"), trains for 4 steps in
+float64 (a checkpoint with the optimizer after step 2, the final weights after step 4); a fresh model
+then resumes from the step-2 checkpoint for the last 2 steps. Rank 0 prints ``RESULT`` and the JSON of
+each kind's losses, gradient norms and paths; the same runs in one process are :func:`run` with no mesh.
+test_megatron_parallel.py runs both and compares.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 from conversations import encoded_conversations  # beside this script
+from peft import LoraConfig
 
 import twinkle
 from twinkle import DeviceMesh
@@ -26,9 +28,11 @@ from twinkle.model.megatron import MegatronModel
 MODEL = "builtin://qwen3-tiny"
 
 
-def _model(mesh: DeviceMesh | None) -> MegatronModel:
+def _model(mesh: DeviceMesh | None, lora: bool) -> MegatronModel:
     model = MegatronModel(MODEL, device="cpu", dtype=torch.float64, device_mesh=mesh)
-    model.set_optimizer("AdamW", lr=1e-3)
+    if lora:
+        model.add_adapter_to_model("default", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"), seed=0)
+    model.set_optimizer("AdamW", lr=1e-2 if lora else 1e-3)
     return model
 
 
@@ -40,18 +44,18 @@ def _steps(model: MegatronModel, batch: list[dict[str, Any]], count: int) -> tup
     return losses, norms
 
 
-def run(mesh: DeviceMesh | None, output_dir: Path) -> dict[str, Any]:
+def run(mesh: DeviceMesh | None, lora: bool, output_dir: Path) -> dict[str, Any]:
     """4 steps with a checkpoint after the second, then the last 2 again from that checkpoint."""
     features = encoded_conversations(MODEL)
     data_ranks = mesh.data_world_size if mesh is not None else 1
     rank = mesh.data_rank(int(os.environ["RANK"])) if mesh is not None else 0
     batch = features[rank::data_ranks]  # each data-parallel rank's share; tensor-parallel ranks share theirs
-    model = _model(mesh)
+    model = _model(mesh, lora)
     losses, norms = _steps(model, batch, 2)
     checkpoint = model.save("step-2", output_dir=output_dir)
     more_losses, more_norms = _steps(model, batch, 2)
     final = model.save("final", output_dir=output_dir, save_optimizer=False)
-    resumed = _model(mesh)
+    resumed = _model(mesh, lora)
     resumed.resume_from_checkpoint(checkpoint)
     resumed_losses, _ = _steps(resumed, batch, 2)
     return {"losses": losses + more_losses, "norms": norms + more_norms, "resumed": resumed_losses, "final": str(final)}
@@ -61,7 +65,7 @@ def main(layout: str, output_dir: Path) -> None:
     twinkle.initialize(seed=0)
     world = int(os.environ["WORLD_SIZE"])
     mesh = DeviceMesh.from_sizes(world_size=world, **{f"{layout}_size": world})
-    result = run(mesh, output_dir)
+    result = {kind: run(mesh, kind == "lora", output_dir / kind) for kind in ("full", "lora")}
     if twinkle.is_master():
         print("RESULT " + json.dumps(result), flush=True)
 

@@ -1,11 +1,12 @@
 """MegatronModel under ``torchrun --nproc_per_node 2``: tensor parallelism and data parallelism equal one process.
 
-``megatron_training.py`` trains every weight of ``builtin://qwen3-tiny`` for 4 steps with ``tp_size=2``
-(each rank holding half of every attention and MLP projection, and of the vocabulary) and with
-``dp_size=2``; this process runs the same steps alone. In float64 (where only summation order differs):
-the losses and gradient norms agree to 1e-8, clipping binds, resuming from the step-2 checkpoint repeats
-steps 3-4, and the final checkpoints (shards gathered whole) load in plain transformers with the
-one-process checkpoint's logits.
+``megatron_training.py`` trains every weight of ``builtin://qwen3-tiny``, then a LoRA adapter on every
+projection, for 4 steps with ``tp_size=2`` (each rank holding half of every attention and MLP projection,
+of the vocabulary and of the adapter's pairs) and with ``dp_size=2``; this process runs the same steps
+alone. In float64 (where only summation order differs): the losses and gradient norms agree to 1e-8,
+clipping binds, resuming from the step-2 checkpoint repeats steps 3-4, and the final checkpoints (shards
+gathered whole) load in plain transformers (+ PEFT for the adapter) with the one-process checkpoint's
+logits.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 pytest.importorskip("megatron.core", reason="needs twinkle-model[megatron]")
@@ -53,30 +55,38 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     resolve_model(MODEL)  # built once, before several processes
     output = tmp_path_factory.mktemp("megatron")
     results = {layout: _torchrun(layout, output / layout) for layout in ("tp", "dp")}
-    results["alone"] = run(None, output / "alone")
+    results["alone"] = {kind: run(None, kind == "lora", output / "alone" / kind) for kind in ("full", "lora")}
     return results
 
 
+@pytest.mark.parametrize("kind", ["full", "lora"])
 @pytest.mark.parametrize("layout", ["tp", "dp"])
-def test_parallel_training_equals_one_process(runs, layout):
-    split, alone = runs[layout], runs["alone"]
-    print(f"{layout}_size=2: losses {split['losses']}, one process {alone['losses']}")
+def test_parallel_training_equals_one_process(runs, layout, kind):
+    split, alone = runs[layout][kind], runs["alone"][kind]
+    print(f"{layout}_size=2, {kind}: losses {split['losses']}, one process {alone['losses']}")
     assert split["losses"] == pytest.approx(alone["losses"], **TOL)
     assert split["norms"] == pytest.approx(alone["norms"], **TOL)
     assert min(split["norms"]) > 1.0  # clipping to 1.0 binds: the norm counts every shard once
     assert split["resumed"] == pytest.approx(split["losses"][2:], abs=1e-12)
 
 
-def test_tensor_parallel_checkpoint_loads_in_plain_transformers(runs):
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_tensor_parallel_checkpoints_load_in_plain_transformers(runs, kind):
     features = encoded_conversations(MODEL)
+    plain = resolve_model(MODEL)
     logits = []
-    for layout in ("tp", "alone"):
-        model = AutoModelForCausalLM.from_pretrained(runs[layout]["final"], dtype=torch.float64).eval()
+    for checkpoint in (runs["tp"][kind]["final"], runs["alone"][kind]["final"]):
+        if kind == "lora":
+            model = PeftModel.from_pretrained(
+                AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float64), checkpoint
+            )
+        else:
+            model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float64)
         with torch.no_grad():
-            logits.append([model(torch.tensor([f["input_ids"]])).logits[0] for f in features])
-    plain = AutoModelForCausalLM.from_pretrained(resolve_model(MODEL), dtype=torch.float64).eval()
+            logits.append([model.eval()(torch.tensor([f["input_ids"]])).logits[0] for f in features])
+    untrained = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float64).eval()
     with torch.no_grad():
-        untrained = plain(torch.tensor([features[0]["input_ids"]])).logits[0]
+        before = untrained(torch.tensor([features[0]["input_ids"]])).logits[0]
     for split, alone in zip(*logits, strict=True):
         assert torch.allclose(split, alone, atol=1e-8, rtol=0), float((split - alone).abs().max())
-    assert not torch.allclose(logits[0][0], untrained, atol=1e-3)  # the steps were saved
+    assert not torch.allclose(logits[0][0], before, atol=1e-3)  # the steps were saved

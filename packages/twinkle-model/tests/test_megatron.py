@@ -1,8 +1,10 @@
 """``MegatronModel`` in one process (tensor-parallel size 1) against plain transformers on the same weights.
 
 The logits, loss and every gradient (mapped back to transformers' names) equal the transformers model's
-in float32 (1e-5); a trained model saves a directory plain transformers loads with the trainer's logits;
-resuming from a checkpoint repeats the next steps; and what the back-end cannot do yet is refused by name.
+in float32 (1e-5); so do a LoRA adapter's loss and gradients against PEFT's from the same saved adapter,
+and an adapter trained here loads in plain PEFT with the trainer's logits; a trained model saves a
+directory plain transformers loads with the trainer's logits; resuming from a checkpoint repeats the
+next steps; and what the back-end cannot do yet is refused by name.
 The tensor-parallel and data-parallel runs are in integration-tests/test_megatron_parallel.py.
 """
 
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from twinkle.data_format import IGNORE_INDEX
@@ -90,9 +93,49 @@ def test_a_trained_model_saves_what_transformers_loads_and_resumes(sft_features,
     assert torch.allclose(step_two.forward_only(batch[:1], return_logits=True).logits[0], saved, **TOL)
 
 
+def test_lora_equals_peft_and_loads_in_peft(sft_features, tmp_path: Path):
+    features = sft_features[:4]
+    start = get_peft_model(_plain(), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in start.named_parameters():
+            if "lora_" in name:  # B too, so every gradient is non-trivial
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+    start.save_pretrained(tmp_path / "start")
+    model = megatron.MegatronModel(MODEL, device="cpu")
+    model.add_adapter_to_model("default", str(tmp_path / "start"))
+    output = model.forward_backward(features)
+    peft = PeftModel.from_pretrained(_plain(), tmp_path / "start", is_trainable=True)
+    total, count = torch.zeros(()), 0
+    for feature in features:
+        labels = torch.tensor(feature["labels"])
+        logits = peft(torch.tensor([feature["input_ids"]])).logits[0]
+        total = total + F.cross_entropy(logits[:-1], labels[1:], ignore_index=IGNORE_INDEX, reduction="sum")
+        count += int((labels[1:] != IGNORE_INDEX).sum())
+    (total / count).backward()
+    assert output.loss == pytest.approx(float(total / count), rel=1e-5)
+    expected = {name.replace(".default.", "."): p.grad for name, p in peft.named_parameters() if p.grad is not None}
+    ours = model.adapter_state_dict(model.train_state("default"))
+    assert set(ours) == set(expected)
+    for key, param in ours.items():
+        scale = float(expected[key].abs().max())
+        assert torch.allclose(param.grad, expected[key], atol=1e-5 * max(scale, 1.0), rtol=1e-4), key
+    model.set_optimizer("AdamW", lr=1e-2)
+    model.clip_grad_and_step()
+    saved = model.save("trained", output_dir=tmp_path, save_optimizer=False)
+    reloaded = PeftModel.from_pretrained(_plain(), saved).eval()
+    with torch.no_grad():
+        theirs = reloaded(torch.tensor([features[0]["input_ids"]])).logits[0]
+    ours_logits = model.forward_only(features[:1], return_logits=True).logits[0]
+    assert torch.allclose(ours_logits, theirs, **TOL)
+
+
 def test_what_the_back_end_cannot_do_yet_is_refused(model):
-    with pytest.raises(ConfigurationError, match="LoRA adapters on megatron-core layers are not built yet"):
-        model.add_adapter_to_model("default", {"r": 4, "target_modules": "all-linear"})
+    with pytest.raises(ConfigurationError, match="LoRA on the output layer is not supported by MegatronModel"):
+        model.add_adapter_to_model("head", {"r": 4, "target_modules": ["q_proj", "lm_head"]})
+    with pytest.raises(ConfigurationError, match="match no projection of the decoder layers"):
+        model.add_adapter_to_model("nothing", {"r": 4, "target_modules": ["embed_tokens"]})
+    assert model.adapter_names == []
     with pytest.raises(ConfigurationError, match="converts qwen3 models; 'llama' is not one"):
         megatron.MegatronModel("builtin://llama-tiny", device="cpu")
     with pytest.raises(ConfigurationError, match=r"does not take \['gradient_checkpointing'\]"):

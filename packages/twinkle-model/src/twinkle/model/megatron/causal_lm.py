@@ -24,39 +24,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 from twinkle.model.megatron.attention import RotaryAttention, RowPositions
+from twinkle.model.megatron.collectives import copy_to_group, gather_last_dim
 from twinkle.model.megatron.conversion import check_supported, to_transformers
+from twinkle.model.megatron.lora import FUSED, MegatronLora
 
 WEIGHTS_FILE = "model.safetensors"
-
-
-class _CopyToGroup(torch.autograd.Function):
-    """Identity forward; the backward sums the ranks' gradients (each used the input for its vocabulary slice)."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        return tensor
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-class _GatherLastDim(torch.autograd.Function):
-    """Every rank's slice along the last dimension, joined; the backward keeps this rank's slice of the gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, group: dist.ProcessGroup, rank: int, size: int) -> torch.Tensor:
-        ctx.rank, ctx.size = rank, size
-        slices = [torch.empty_like(tensor) for _ in range(size)]
-        dist.all_gather(slices, tensor.contiguous(), group=group)
-        return torch.cat(slices, dim=-1)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        return grad.chunk(ctx.size, dim=-1)[ctx.rank].contiguous(), None, None, None
 
 
 class VocabParallelHead(nn.Module):
@@ -71,12 +43,9 @@ class VocabParallelHead(nn.Module):
         self.group, self.rank, self.size = group, rank, size
 
     def forward(self, hidden_NH: torch.Tensor) -> torch.Tensor:
-        if self.size == 1:
-            return nn.functional.linear(hidden_NH, self.weight)
-        hidden_NH = _CopyToGroup.apply(hidden_NH, self.group)  # type: ignore[no-untyped-call]
+        hidden_NH = copy_to_group(hidden_NH, self.group, self.size)
         local_NV = nn.functional.linear(hidden_NH, self.weight)
-        logits: torch.Tensor = _GatherLastDim.apply(local_NV, self.group, self.rank, self.size)  # type: ignore[no-untyped-call]
-        return logits
+        return gather_last_dim(local_NV, self.group, self.rank, self.size)
 
 
 class MegatronDecoder(nn.Module):
@@ -147,6 +116,12 @@ class MegatronCausalLM(nn.Module):
             share_embeddings_and_output_weights=config.tie_word_embeddings,
             position_embedding_type="none",
         )
+        self.lora = MegatronLora(group, rank, size)
+        for index, layer in enumerate(self.gpt.decoder.layers):
+            for fused in FUSED:
+                layer.get_submodule(fused).register_forward_hook(self.lora.hook(index, fused))
+            for norm in ("self_attention.q_layernorm", "self_attention.k_layernorm"):  # each rank norms its heads
+                layer.get_submodule(norm).weight.partial_over_tensor_parallel = True
 
     def get_input_embeddings(self) -> nn.Module:
         return self.gpt.embedding.word_embeddings  # num_embeddings is the whole vocabulary's
@@ -158,13 +133,24 @@ class MegatronCausalLM(nn.Module):
     def get_decoder(self) -> MegatronDecoder:
         return MegatronDecoder(self)
 
-    def megatron_state_dict(self) -> dict[str, torch.Tensor]:
-        """This rank's tensors under megatron-core's names (views of the parameters)."""
-        return {name: param for name, param in self.gpt.named_parameters()}
+    def projection_sizes(self) -> dict[str, tuple[int, int]]:
+        """Each transformers projection of a decoder layer as ``(out_features, in_features)``, whole."""
+        c = self.config
+        hidden, queries, keys = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        return {
+            "self_attn.q_proj": (queries, hidden),
+            "self_attn.k_proj": (keys, hidden),
+            "self_attn.v_proj": (keys, hidden),
+            "self_attn.o_proj": (hidden, queries),
+            "mlp.gate_proj": (c.intermediate_size, hidden),
+            "mlp.up_proj": (c.intermediate_size, hidden),
+            "mlp.down_proj": (hidden, c.intermediate_size),
+        }
 
     def save_pretrained(self, directory: str, state_dict: Mapping[str, torch.Tensor], **_: Any) -> None:
         """A transformers checkpoint directory from whole megatron tensors (``state_dict`` as gathered)."""
-        tensors = to_transformers({name.removeprefix("gpt."): t for name, t in state_dict.items()}, self.config)
+        megatron = {name.removeprefix("gpt."): t for name, t in state_dict.items() if name.startswith("gpt.")}
+        tensors = to_transformers(megatron, self.config)
         self.config.save_pretrained(directory)
         save_file({name: t.detach().cpu() for name, t in tensors.items()}, str(Path(directory) / WEIGHTS_FILE))
 

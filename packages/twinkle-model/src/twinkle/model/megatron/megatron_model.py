@@ -5,14 +5,14 @@ The model is megatron-core's ``GPTModel`` (its tensor-parallel layers; the core 
 one. Every call runs through the same pass engine, losses and metrics as :class:`TransformersModel`:
 the engine sees a causal LM (:class:`.causal_lm.MegatronCausalLM`) whose output layer gathers each
 chunk's logits over the tensor-parallel group. ``DeviceMesh.from_sizes(tp_size=..., dp_size=...)``
-under torchrun splits it; without a mesh it runs in this process. This back-end trains every weight;
-LoRA adapters, pipeline and expert parallelism are not built yet and are refused by name.
+under torchrun splits it; without a mesh it runs in this process. It trains every weight, or LoRA
+adapters in PEFT's format (:mod:`.lora`); pipeline and expert parallelism are not built yet.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +28,11 @@ from twinkle.model.megatron.causal_lm import MegatronCausalLM
 from twinkle.model.megatron.conversion import check_supported, to_megatron
 from twinkle.model.megatron.plan import TensorParallel
 from twinkle.model.parallel import Parallelism
-from twinkle.model.train_state import TrainState
+from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.model.training_model import TrainingModel
+from twinkle.module import read_adapter_dir, write_adapter_dir
 from twinkle.patch import KernelsSpec, PatchSpec
 from twinkle.registry import register
-
-_NOT_YET = "MegatronModel trains the full model; LoRA adapters on megatron-core layers are not built yet"
 
 
 @register("model")
@@ -89,23 +88,52 @@ class MegatronModel(TrainingModel):
         assert isinstance(parallel, TensorParallel)
         _copy_whole_weights(self.model, parallel, whole)
 
-    # ------------------------------------------------------------------ adapters: not built yet
+    # ------------------------------------------------------------------ LoRA adapters (.lora)
 
     def _add_adapter(self, adapter_name: str, config: PeftConfig, directory: Path | None) -> list[torch.nn.Parameter]:
-        raise ConfigurationError(_NOT_YET)
+        model: MegatronCausalLM = self.model
+        like = model.get_input_embeddings().weight
+        model.lora.add(adapter_name, config, model.config.num_hidden_layers, model.projection_sizes(), like)
+        try:
+            if directory:
+                self.load_adapter_weights(adapter_name, directory)
+        except Exception:
+            model.lora.remove(adapter_name)
+            raise
+        model.gpt.requires_grad_(False)  # the base is frozen while adapters train
+        self._states.pop(FULL_MODEL, None)  # only evaluated (or failed) without adapters: adapters replace it
+        return model.lora.parameters_of(adapter_name)
 
-    @contextmanager
-    def _route_rows(self, row_adapters: Sequence[str | None]) -> Iterator[None]:
-        yield  # no adapters: every row runs the full model
+    def _route_rows(self, row_adapters: Sequence[str | None]) -> AbstractContextManager[None]:
+        names = set(row_adapters)
+        if len(names) > 1:
+            raise ConfigurationError(f"MegatronModel runs one adapter per forward, got {sorted(map(str, names))}")
+        return self.model.lora.activated(next(iter(names), None))
 
     def adapter_state_dict(self, state: TrainState) -> dict[str, torch.Tensor]:
-        raise ConfigurationError(_NOT_YET)
+        return self.model.lora.state_dict_of(state.name)
 
     def write_adapter_files(self, state: TrainState, directory: Path, tensors: Mapping[str, torch.Tensor]) -> None:
-        raise ConfigurationError(_NOT_YET)
+        config = self.model.lora.configs[state.name]
+        config.base_model_name_or_path = self.model_path
+        write_adapter_dir(directory, config, tensors)
 
     def load_adapter_weights(self, adapter_name: str, directory: Path) -> None:
-        raise ConfigurationError(_NOT_YET)
+        """A PEFT adapter's whole pairs, cut to this rank's parts; all are checked before any is copied."""
+        own = self.model.lora.state_dict_of(adapter_name)
+        saved = read_adapter_dir(directory)[1]
+        if set(saved) != set(own):
+            missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
+            raise ConfigurationError(
+                f"adapter {adapter_name!r}: weights missing for {missing[:3]}, unexpected {extra[:3]}"
+            )
+        parts = {key: self.parallel.local_part(self.model, own[key], tensor) for key, tensor in saved.items()}
+        wrong = [key for key, part in parts.items() if part.shape != own[key].shape]
+        if wrong:
+            raise ConfigurationError(f"adapter {adapter_name!r}: other shapes for {wrong[:3]} (another rank or model?)")
+        with torch.no_grad():
+            for key, part in parts.items():
+                own[key].copy_(part)
 
 
 def _copy_whole_weights(model: MegatronCausalLM, parallel: TensorParallel, whole: Mapping[str, torch.Tensor]) -> None:

@@ -3,8 +3,9 @@
 Every rank of a tensor-parallel group sees the same samples and holds its shards of the weights
 (megatron-core's layers do their own collectives in forward and backward); the data-parallel groups
 (``dp_size``) see different samples. Gradients are finished here rather than by megatron's DDP (which
-needs CUDA buffers): QK-norm weights, replicated but applied to each rank's own heads, add their
-partial gradients over the tensor-parallel group; then every gradient is averaged over the
+needs CUDA buffers): weights replicated but applied to each rank's own part (QK-norms on its heads,
+LoRA ``A`` on column-parallel layers), marked ``partial_over_tensor_parallel``, add their partial
+gradients over the tensor-parallel group; then every gradient is averaged over the
 data-parallel group, as DDP would (``gradient_share`` turns the average back into the global batch's).
 Norms count each shard once; checkpoints gather the shards whole and loads cut them again.
 """
@@ -23,8 +24,6 @@ from twinkle.infra import DeviceMesh
 from twinkle.model.megatron.conversion import is_sharded, local_part, whole
 from twinkle.model.parallel import Parallelism
 from twinkle.model.parallel import tensors as distributed
-
-_PARTIAL_GRADIENTS = ("q_layernorm.weight", "k_layernorm.weight")  # replicated, but each rank sees its heads only
 
 
 class TensorParallel(Parallelism):
@@ -58,11 +57,11 @@ class TensorParallel(Parallelism):
         return distributed.all_or_none(self._comm_device)
 
     def sync_gradients(self, model: torch.nn.Module, params: Sequence[torch.nn.Parameter]) -> None:
-        names = {id(param): name for name, param in model.named_parameters()}
         for param in params:
             if param.grad is None or getattr(param, "_twinkle_synced", None) == param.grad._version:
                 continue
-            if self.tp_size > 1 and names.get(id(param), "").endswith(_PARTIAL_GRADIENTS):
+            # Replicated, but each rank used it on its own part (its heads, its rows): the gradient is partial.
+            if self.tp_size > 1 and getattr(param, "partial_over_tensor_parallel", False):
                 dist.all_reduce(param.grad, group=self.tp_group)
             if self.data_world_size > 1:
                 dist.all_reduce(param.grad, group=self.dp_group)

@@ -1,0 +1,211 @@
+"""LoRA adapters on megatron-core's tensor-parallel linears, one pair per transformers projection, PEFT's format.
+
+An adapter is described by a PEFT ``LoraConfig`` over transformers' names (``q_proj`` ... ``down_proj``),
+trained and saved as PEFT would (``lora_A [r, in]``, ``lora_B [out, r]`` per projection), so plain
+transformers + PEFT load it. megatron fuses projections, so the pairs ride on its linears:
+
+- on the column-parallel ``linear_qkv`` and ``linear_fc1`` every rank computes its rows of each fused
+  projection's update: ``A`` whole on every rank (its gradient, partial per rank, is summed over the
+  group), ``B`` cut by rows like the weight; the updates are laid out as the fused output is
+  (``[q, k, v]`` per key/value group; ``[gate, up]``);
+- on the row-parallel ``linear_proj`` and ``linear_fc2`` each rank holds ``A``'s columns for its input
+  slice; the rank-r product is summed over the group and ``B`` (whole) maps it out.
+
+The pairs are kept in :class:`MegatronLora` beside the model's layers (whose parameters keep megatron's
+names) and added to a layer's output by a forward hook, for the adapter of the current forward only.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from peft import LoraConfig
+from peft.tuners.tuners_utils import check_target_module_exists
+from torch import nn
+
+from twinkle.errors import ConfigurationError
+from twinkle.model.megatron.collectives import copy_to_group, sum_over_group
+from twinkle.module import pattern_value
+
+# megatron's linear of a decoder layer -> the transformers projections it fuses, in its output's order.
+FUSED = {
+    "self_attention.linear_qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "self_attention.linear_proj": ("self_attn.o_proj",),
+    "mlp.linear_fc1": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.linear_fc2": ("mlp.down_proj",),
+}
+_ROW_PARALLEL = {"self_attention.linear_proj", "mlp.linear_fc2"}
+_UNSUPPORTED = {"use_dora": "DoRA", "lora_bias": "LoRA biases", "modules_to_save": "modules_to_save"}
+
+
+class MegatronLora(nn.Module):
+    """Every adapter's pairs, by adapter and transformers module name (``model.layers.0.self_attn.q_proj``)."""
+
+    adapters: nn.ModuleDict
+
+    def __init__(self, group: dist.ProcessGroup | None, rank: int, size: int) -> None:
+        super().__init__()
+        self.group, self.rank, self.size = group, rank, size
+        self.adapters = nn.ModuleDict()  # adapter name -> ModuleDict(hf module name with '.' as '/' -> pair)
+        self.configs: dict[str, LoraConfig] = {}
+        self.scaling: dict[str, dict[str, float]] = {}
+        self.active: str | None = None
+
+    def add(
+        self, name: str, config: Any, num_layers: int, sizes: dict[str, tuple[int, int]], like: torch.Tensor
+    ) -> None:
+        """Create adapter ``name`` (PEFT's initialisation, drawn whole, then cut to this rank's part).
+
+        ``sizes``: each transformers projection's ``(out_features, in_features)``; ``like``: a base weight,
+        whose dtype and device the pairs take.
+        """
+        config = _checked(name, config)
+        pairs, scaling = nn.ModuleDict(), {}
+        for layer in range(num_layers):
+            for projections in FUSED.values():
+                for projection in projections:
+                    module = f"model.layers.{layer}.{projection}"
+                    if not check_target_module_exists(config, module):
+                        continue
+                    rank = int(pattern_value(config.rank_pattern or {}, module, config.r))
+                    alpha = float(pattern_value(config.alpha_pattern or {}, module, config.lora_alpha))
+                    pairs[_key(module)] = self._pair(projection, rank, sizes[projection], like)
+                    scaling[module] = alpha / math.sqrt(rank) if config.use_rslora else alpha / rank
+        if not pairs:
+            raise ConfigurationError(
+                f"adapter {name!r}: target_modules {config.target_modules!r} match no projection of the decoder "
+                f"layers ({', '.join(p.rsplit('.', 1)[-1] for ps in FUSED.values() for p in ps)})"
+            )
+        self.adapters[name], self.configs[name], self.scaling[name] = pairs, config, scaling
+
+    def _pair(self, projection: str, rank: int, shape: tuple[int, int], like: torch.Tensor) -> nn.ParameterDict:
+        out_features, in_features = shape
+        A = torch.empty(rank, in_features, dtype=like.dtype, device=like.device)
+        nn.init.kaiming_uniform_(A, a=math.sqrt(5))  # PEFT's default, on the whole matrix on every rank
+        B = torch.zeros(out_features, rank, dtype=like.dtype, device=like.device)
+        row = _fused_of(projection) in _ROW_PARALLEL
+        pair = nn.ParameterDict({"A": nn.Parameter(A), "B": nn.Parameter(B)})
+        _mark(pair["A"], sharded_dim=1 if row else None, partial=not row, size=self.size, rank=self.rank)
+        _mark(pair["B"], sharded_dim=None if row else 0, partial=False, size=self.size, rank=self.rank)
+        return pair
+
+    def parameters_of(self, name: str) -> list[nn.Parameter]:
+        return list(self.adapters[name].parameters())
+
+    def state_dict_of(self, name: str) -> dict[str, torch.Tensor]:
+        """PEFT-format keys to this rank's parts of the pairs (``save`` gathers them whole)."""
+        pairs: Any = self.adapters[name]
+        return {
+            f"base_model.model.{_module(key)}.lora_{part}.weight": tensor
+            for key, pair in pairs.items()
+            for part, tensor in pair.items()
+        }
+
+    def remove(self, name: str) -> None:
+        del self.adapters[name], self.configs[name], self.scaling[name]
+
+    @contextmanager
+    def activated(self, name: str | None) -> Iterator[None]:
+        """Within the block, the layers add adapter ``name``'s updates (``None``: none)."""
+        previous, self.active = self.active, name
+        try:
+            yield
+        finally:
+            self.active = previous
+
+    def hook(self, layer: int, fused: str) -> Any:
+        """The forward hook of decoder layer ``layer``'s megatron linear ``fused``."""
+
+        def add_updates(module: Any, inputs: tuple[torch.Tensor, ...], output: Any) -> Any:
+            if self.active is None:
+                return output
+            pairs: Any = self.adapters[self.active]
+            names = [f"model.layers.{layer}.{projection}" for projection in FUSED[fused]]
+            if not any(_key(name) in pairs for name in names):
+                return output
+            delta = self._delta(inputs[0], names, fused, module, pairs, self.scaling[self.active])
+            out, bias = output
+            return out + delta.to(out.dtype), bias
+
+        return add_updates
+
+    def _delta(
+        self, x: torch.Tensor, names: list[str], fused: str, module: Any, pairs: Any, scaling: dict[str, float]
+    ) -> torch.Tensor:
+        config = self.configs[self.active] if self.active else None
+        dropout = float(config.lora_dropout) if config is not None else 0.0
+        if dropout and module.training:
+            x = nn.functional.dropout(x, dropout)
+        if fused in _ROW_PARALLEL:  # x holds this rank's input slice; A its columns
+            pair = pairs[_key(names[0])]
+            down = sum_over_group(x @ pair["A"].T, self.group, self.size)
+            return down @ pair["B"].T * scaling[names[0]]
+        x = copy_to_group(x, self.group, self.size)
+        parts = []
+        for name in names:
+            if _key(name) not in pairs:  # a projection this adapter leaves alone
+                parts.append(x.new_zeros(*x.shape[:-1], _local_rows(module, fused, name, self.size)))
+                continue
+            pair = pairs[_key(name)]
+            parts.append(x @ pair["A"].T @ pair["B"].T * scaling[name])
+        if fused == "mlp.linear_fc1":
+            return torch.cat(parts, dim=-1)
+        groups = module.config.num_query_groups // self.size  # linear_qkv: [q, k, v] per local group
+        return torch.cat([part.unflatten(-1, (groups, -1)) for part in parts], dim=-1).flatten(-2)
+
+
+def _local_rows(module: Any, fused: str, name: str, size: int) -> int:
+    """How many output rows this rank computes for projection ``name`` of ``fused``."""
+    config = module.config
+    if fused == "mlp.linear_fc1":
+        return int(config.ffn_hidden_size) // size
+    heads = config.num_attention_heads if name.endswith("q_proj") else config.num_query_groups
+    return int(heads * config.kv_channels) // size
+
+
+def _mark(param: nn.Parameter, sharded_dim: int | None, partial: bool, size: int, rank: int) -> None:
+    """Cut ``param`` to this rank's part along ``sharded_dim`` and say so as megatron marks its own shards."""
+    if sharded_dim is not None and size > 1:
+        param.data = param.data.chunk(size, sharded_dim)[rank].clone()
+    param.tensor_model_parallel = sharded_dim is not None  # type: ignore[attr-defined]
+    param.partition_dim = -1 if sharded_dim is None else sharded_dim  # type: ignore[attr-defined]
+    param.partition_stride = 1  # type: ignore[attr-defined]
+    param.partial_over_tensor_parallel = partial  # type: ignore[attr-defined]
+
+
+def _checked(name: str, config: Any) -> LoraConfig:
+    """A copy of ``config`` with ``"all-linear"`` spelled out, or a refusal naming what is not supported."""
+    if not isinstance(config, LoraConfig):
+        raise ConfigurationError(f"adapter {name!r}: MegatronModel trains LoRA adapters, got {type(config).__name__}")
+    for option, feature in _UNSUPPORTED.items():
+        if getattr(config, option, None):
+            raise ConfigurationError(f"adapter {name!r} uses {feature}, which MegatronModel does not support")
+    if getattr(config, "target_parameters", None):
+        raise ConfigurationError(
+            f"adapter {name!r}: target_parameters (MoE experts) are not supported by MegatronModel"
+        )
+    config = copy.deepcopy(config)
+    targets = config.target_modules
+    if isinstance(targets, str) and targets.lower() == "all-linear":  # PEFT's: every linear but the output layer
+        config.target_modules = sorted({p.rsplit(".", 1)[-1] for ps in FUSED.values() for p in ps})
+    elif targets and "lm_head" in targets:
+        raise ConfigurationError(f"adapter {name!r}: LoRA on the output layer is not supported by MegatronModel")
+    return config
+
+
+def _fused_of(projection: str) -> str:
+    return next(fused for fused, projections in FUSED.items() if projection in projections)
+
+
+def _key(module: str) -> str:
+    return module.replace(".", "/")  # ModuleDict keys cannot hold dots
+
+
+def _module(key: str) -> str:
+    return key.replace("/", ".")
