@@ -17,6 +17,7 @@ IMPORT_TO_DIST = {
     "huggingface_hub": "huggingface-hub",
     "typing_extensions": "typing-extensions",
     "google": "protobuf",
+    "PIL": "pillow",
 }
 # Imports that are deliberately optional: used only when the package is already installed.
 OPTIONAL_IMPORTS = {"twinkle-core": {"numpy", "torch"}}  # seed_everything seeds them if present
