@@ -2,8 +2,9 @@
 
 Substitutions (and why):
 
-- ``MegatronModel`` -> ``TransformersModel`` and ``vLLMSampler`` -> ``TorchSampler`` (without vLLM's
-  ``engine_args``): the Megatron back-end (issue 17) and vLLM on CPU (issue 19) do not exist yet;
+- ``vLLMSampler`` -> ``TorchSampler`` (without vLLM's ``engine_args``): vLLM runs in its own venv
+  (``make test-vllm``), not in this one; the trainer is the listing's own ``MegatronModel``
+  (megatron-core, tensor-parallel size 1 here);
 - the dataset id ``ms://modelscope/gsm8k`` (subset ``main``) -> ``builtin://gsm8k-mini`` (no hub downloads);
 - device groups of ``'GPU'`` -> ``'CPU'`` ranks, and ``mixed_precision='bf16'`` -> ``'no'``: bf16 autocast
   is a GPU setting, and on CPU it would make the trainer's log-probs differ from the float32 sampler's;
@@ -43,11 +44,10 @@ pytest.importorskip("ray")
 
 SHIM_VLLM = (
     "from twinkle.sampler import TorchSampler\n\n\n"
-    "def vLLMSampler(engine_args=None, **kwargs):  # vLLM on CPU is issue 19; TorchSampler takes no engine_args\n"
+    "def vLLMSampler(engine_args=None, **kwargs):  # vLLM has its own venv; TorchSampler takes no engine_args\n"
     "    return TorchSampler(**kwargs)\n"
 )
 SUBSTITUTIONS = {
-    "from twinkle.model.megatron import MegatronModel": "from twinkle.model import TransformersModel as MegatronModel",
     "from twinkle.sampler import vLLMSampler": SHIM_VLLM,
     "'ms://modelscope/gsm8k', subset_name='main'": "'builtin://gsm8k-mini'",
     "device_type='GPU'": "device_type='CPU'",

@@ -11,13 +11,13 @@ adapters in PEFT's format (:mod:`.lora`); pipeline and expert parallelism are no
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
-from peft import PeftConfig
+from peft import LoraConfig, PeftConfig
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -25,7 +25,7 @@ from twinkle.errors import ConfigurationError, ResourceNotFoundError
 from twinkle.infra import remote_class
 from twinkle.model.loading import CheckpointingPolicy
 from twinkle.model.megatron.causal_lm import MegatronCausalLM
-from twinkle.model.megatron.conversion import check_supported, to_megatron
+from twinkle.model.megatron.conversion import check_supported, to_megatron, to_transformers
 from twinkle.model.megatron.plan import TensorParallel
 from twinkle.model.parallel import Parallelism
 from twinkle.model.train_state import FULL_MODEL, TrainState
@@ -92,7 +92,7 @@ class MegatronModel(TrainingModel):
 
     def _add_adapter(self, adapter_name: str, config: PeftConfig, directory: Path | None) -> list[torch.nn.Parameter]:
         model: MegatronCausalLM = self.model
-        like = model.get_input_embeddings().weight
+        like = next(model.gpt.parameters())  # the pairs take the base weights' dtype and device
         model.lora.add(adapter_name, config, model.config.num_hidden_layers, model.projection_sizes(), like)
         try:
             if directory:
@@ -109,6 +109,29 @@ class MegatronModel(TrainingModel):
         if len(names) > 1:
             raise ConfigurationError(f"MegatronModel runs one adapter per forward, got {sorted(map(str, names))}")
         return self.model.lora.activated(next(iter(names), None))
+
+    # ------------------------------------------------------------------ weight sync (CheckpointEngineManager)
+
+    def lora_payload(self, adapter_name: str) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
+        """The adapter's config and whole PEFT-format tensors (a collective under torchrun: every rank calls it)."""
+        state = self.train_state(adapter_name)
+        return self.model.lora.configs[state.name], self.parallel.gathered(self.model, self.adapter_state_dict(state))
+
+    def merged_weights(self, adapter_name: str | None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every weight whole under transformers' names, with the adapter (if any) merged in (a collective)."""
+        model: MegatronCausalLM = self.model
+        whole = self.parallel.gathered(model, {f"gpt.{k}": p for k, p in model.gpt.named_parameters()})
+        weights = to_transformers({name.removeprefix("gpt."): t for name, t in whole.items()}, model.config)
+        state = self.train_state(adapter_name)
+        if state.is_adapter:
+            _, pairs = self.lora_payload(state.name)
+            scaling = model.lora.scaling[state.name]
+            with torch.no_grad():
+                for module, factor in scaling.items():
+                    A = pairs[f"base_model.model.{module}.lora_A.weight"]
+                    B = pairs[f"base_model.model.{module}.lora_B.weight"]
+                    weights[f"{module}.weight"] = weights[f"{module}.weight"] + factor * (B @ A)
+        return iter(weights.items())
 
     def adapter_state_dict(self, state: TrainState) -> dict[str, torch.Tensor]:
         return self.model.lora.state_dict_of(state.name)
