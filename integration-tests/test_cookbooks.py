@@ -29,6 +29,7 @@ COVERED_BY = {
     "rl/grpo.py": "integration-tests/test_ray_grpo.py",  # in one process, against the Ray run
     "rl/grpo_ray.py": "integration-tests/test_ray_grpo.py",
     "rl/multi_turn_tools.py": "integration-tests/test_cookbooks.py",
+    "mm/clevr_sft.py": "integration-tests/test_cookbooks.py",
     **{
         f"client/{client}/self_host/{script}": "integration-tests/server/test_client_cookbooks.py"
         for client, scripts in {
@@ -112,3 +113,21 @@ def test_multi_turn_tool_grpo_plays_tool_calls_and_trains_on_the_samplers_logpro
     ), completed.stdout[-2000:]
     assert (tmp_path / "curves.png").stat().st_size > 0
     assert (tmp_path / "grpo-calculator-checkpoint" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_vision_language_sft_answers_held_out_image_questions_better_than_without_the_image(tmp_path):
+    completed = run_cookbook("mm/clevr_sft.py", tmp_path, {"EPOCHS": "4"})
+    loss = re.search(r"^training loss: first step (\S+) -> last epoch (\S+)$", completed.stdout, re.M)
+    accuracy = re.search(
+        r"^held-out answer accuracy: (\S+) before -> (\S+) after; baselines without the image: majority answer "
+        r"(\S+), majority answer per question type (\S+) ",
+        completed.stdout,
+        re.M,
+    )
+    assert loss and accuracy, completed.stdout[-2000:]
+    assert float(loss[2]) < float(loss[1]) / 5
+    after, majority, per_type = float(accuracy[2]), float(accuracy[3]), float(accuracy[4])
+    assert (majority, per_type) == (0.175, 0.315)  # fixed by the embedded data set
+    assert after > per_type + 0.1, completed.stdout[-2000:]
