@@ -94,3 +94,25 @@ def test_lora_sft_lowers_the_loss(clevr_features):
     lora = LoraConfig(r=8, lora_alpha=16, target_modules=LANGUAGE_ONLY, lora_dropout=0.0)
     _, losses = _train(clevr_features, lora, steps=5, lr=5e-3)
     assert losses[-1] < losses[0] - 2.0, losses
+
+
+def test_padding_free_image_batches_equal_padded_ones(clevr_features):
+    from twinkle.processor import InputProcessor
+    from twinkle.template import Template
+
+    text = [{"role": "user", "content": "How many objects?"}, {"role": "assistant", "content": "Show me."}]
+    features = [*clevr_features[:3], Template(MODEL, max_length=None).encode({"messages": text})]  # one text-only
+    results = {}
+    for padding_free in (False, True):
+        torch.manual_seed(0)
+        model = TransformersModel(model_id=MODEL, device="cpu")
+        model.set_processor(InputProcessor(padding_free=padding_free))
+        model.set_optimizer("SGD", lr=0.1)
+        before = model.forward_only(inputs=features).logps
+        model.forward_backward(inputs=features)
+        model.clip_grad_and_step()
+        results[padding_free] = (before, model.calculate_metric(is_training=True)["loss"])
+        results[padding_free] += (model.forward_only(inputs=features).logps,)
+    for padded, packed in zip(results[False][0] + results[False][2], results[True][0] + results[True][2], strict=True):
+        torch.testing.assert_close(packed, padded, atol=1e-5, rtol=0)
+    assert results[True][1] == pytest.approx(results[False][1], abs=1e-5)

@@ -70,9 +70,30 @@ def test_padded_image_batch_gives_each_row_its_own_logits(vl_model, image_featur
         torch.testing.assert_close(got, _alone(vl_model, feature), atol=1e-5, rtol=0)
 
 
-def test_padding_free_and_inconsistent_image_rows_are_refused(image_features):
-    with pytest.raises(InvalidInputError, match=r"features\[0, 1\] carry images, which padding-free batches"):
-        InputProcessor(padding_free=True)(image_features)
+def test_padding_free_image_batch_with_the_models_positions_gives_each_row_its_own_logits(vl_model, image_features):
+    batch = InputProcessor(padding_free=True)(image_features)
+    assert batch["input_ids"].shape[0] == 1 and "attention_mask" not in batch
+    types = [f.get("mm_token_type_ids") or [0] * len(f["input_ids"]) for f in image_features]  # text row: none
+    assert batch["mm_token_type_ids"][0].tolist() == [t for row in types for t in row]
+    with pytest.raises(InvalidInputError, match="a padding-free batch with images needs the model's multimodal"):
+        model_inputs(batch)
+    # Each sequence positioned by the model alone: its text positions, then its M-RoPE rows.
+    mrope = [
+        vl_model.model.get_rope_index(
+            torch.tensor([f["input_ids"]]),
+            mm_token_type_ids=torch.tensor([row]),
+            image_grid_thw=torch.tensor(f["image_grid_thw"]) if f.get("image_grid_thw") else None,
+        )[0]
+        for f, row in zip(image_features, types, strict=True)
+    ]
+    positions = torch.cat([batch["position_ids"].unsqueeze(0), torch.cat(mrope, dim=2)])
+    with torch.no_grad():
+        logits = unpack(vl_model(**model_inputs(batch, positions)).logits, batch)
+    for got, feature in zip(logits, image_features, strict=True):
+        torch.testing.assert_close(got, _alone(vl_model, feature), atol=1e-5, rtol=0)
+
+
+def test_inconsistent_image_rows_are_refused(image_features):
     broken = {**image_features[0], "image_grid_thw": [[1, 4, 6]]}
     with pytest.raises(InvalidInputError, match=r"features\[0\].pixel_values has shape \(16, 1536\) but its"):
         InputProcessor()([broken])

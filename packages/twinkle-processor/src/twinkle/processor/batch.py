@@ -10,7 +10,7 @@ import torch
 from twinkle.errors import InvalidInputError
 
 
-def model_inputs(batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+def model_inputs(batch: Mapping[str, torch.Tensor], position_ids: torch.Tensor | None = None) -> dict[str, Any]:
     """Keyword arguments for a transformers causal-LM forward on a collated batch.
 
     Always ``use_cache=False``: transformers (5.x) recognises a packed row from
@@ -20,8 +20,13 @@ def model_inputs(batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     silently attend to one another. A padded batch passes its attention mask.
 
     A batch with images passes them (``pixel_values``, ``image_grid_thw``,
-    ``mm_token_type_ids``) and no ``position_ids``: the model computes its own
-    multimodal positions (Qwen-VL's M-RoPE) from them and the attention mask.
+    ``mm_token_type_ids``). A padded one passes no ``position_ids``: the model
+    computes its own multimodal positions (Qwen-VL's M-RoPE) from them and the
+    attention mask. A packed one cannot leave that to the model (its sequences
+    would be positioned as one), so the caller passes ``position_ids``: the
+    model's positions per sequence, ``[4, 1, ΣT]`` for Qwen-VL (each sequence's
+    own text positions, then its three M-RoPE rows), as
+    ``twinkle.model`` computes them.
     """
     kwargs: dict[str, Any] = {
         "input_ids": batch["input_ids"],
@@ -31,9 +36,17 @@ def model_inputs(batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     if "attention_mask" in batch:
         kwargs["attention_mask"] = batch["attention_mask"]
     if "pixel_values" in batch:
-        del kwargs["position_ids"]
+        if "attention_mask" in batch:
+            del kwargs["position_ids"]
+        elif position_ids is None:
+            raise InvalidInputError(
+                "a padding-free batch with images needs the model's multimodal positions per sequence: pass "
+                "model_inputs(batch, position_ids=...) (twinkle.model computes them), or use a padded batch"
+            )
         for name in ("pixel_values", "image_grid_thw", "mm_token_type_ids"):
             kwargs[name] = batch[name]
+    if position_ids is not None:
+        kwargs["position_ids"] = position_ids
     return kwargs
 
 
@@ -61,12 +74,17 @@ def unpack(tensor: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> list[torc
 def select_rows(batch: Mapping[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
     """The padded batch made of rows ``rows`` of ``batch`` (same width), ``seq_starts`` renumbered.
 
-    A packed batch has one row holding every feature, so it cannot be split by rows.
+    A packed batch has one row holding every feature, so it cannot be split by rows. The image tensors
+    (``pixel_values``, ``image_grid_thw``) are per patch and per image, not per row: they are left out.
     """
     num_rows, width = batch["input_ids"].shape
     if num_rows != len(batch["seq_lens"]):
         raise InvalidInputError("select_rows needs a padded batch (one feature per row), not a packed one")
-    selected = {name: tensor.index_select(0, rows.to(tensor.device)) for name, tensor in batch.items()}
+    selected = {
+        name: tensor.index_select(0, rows.to(tensor.device))
+        for name, tensor in batch.items()
+        if name not in ("pixel_values", "image_grid_thw")
+    }
     offsets = selected["seq_starts"] % width
     selected["seq_starts"] = torch.arange(len(rows), device=offsets.device) * width + offsets
     return selected

@@ -2,9 +2,10 @@
 
 Every row's ``pixel_values`` are concatenated in batch order (``[Σpatches, patch_dim]`` float32) with their
 ``image_grid_thw`` (``[images, 3]``), as transformers' processors batch them; ``mm_token_type_ids`` is laid
-out like ``input_ids`` (0 on padding). Rows without images add nothing, so a batch may mix text-only and
-image rows. Only the padded layout is supported: a model's multimodal positions (Qwen-VL's M-RoPE) are
-computed from each padded row and its attention mask.
+out like ``input_ids`` (0 on padding; concatenated in a padding-free batch). Rows without images add nothing,
+so a batch may mix text-only and image rows. A padded batch lets the model compute its multimodal positions
+(Qwen-VL's M-RoPE) from each row and its attention mask; a padding-free one needs them per sequence from the
+model (see :func:`twinkle.processor.model_inputs`).
 """
 
 from __future__ import annotations
@@ -27,11 +28,6 @@ def vision_tensors(
     rows = [i for i, feature in enumerate(features) if feature.get("pixel_values") is not None]
     if not rows:
         return {}
-    if padding_side is None:
-        raise InvalidInputError(
-            f"features{rows[:5]} carry images, which padding-free batches do not support yet; "
-            "use InputProcessor(padding_free=False)"
-        )
     pixels, grids = [], []
     for i in rows:
         pixel_values = torch.as_tensor(_array(features[i]["pixel_values"]), dtype=torch.float32)
@@ -45,11 +41,17 @@ def vision_tensors(
             raise InvalidInputError(f"features[{i}] has pixel_values but no mm_token_type_ids")
         pixels.append(pixel_values)
         grids.append(grid_thw)
-    width = batch["input_ids"].shape[1]
-    types = torch.zeros((len(features), width), dtype=torch.long)
-    for i, feature in enumerate(features):
-        row = torch.as_tensor(feature.get("mm_token_type_ids") or [], dtype=torch.long)
-        if len(row):
+    rows_types = [torch.as_tensor(feature.get("mm_token_type_ids") or [], dtype=torch.long) for feature in features]
+    rows_types = [
+        types if len(types) else torch.zeros(len(feature["input_ids"]), dtype=torch.long)
+        for types, feature in zip(rows_types, features, strict=True)
+    ]
+    if padding_side is None:  # padding-free: one row, every feature after the other
+        types = torch.cat(rows_types).unsqueeze(0)
+    else:
+        width = batch["input_ids"].shape[1]
+        types = torch.zeros((len(features), width), dtype=torch.long)
+        for i, row in enumerate(rows_types):
             if padding_side == "right":
                 types[i, : len(row)] = row
             else:

@@ -13,7 +13,6 @@ where it can, and the PyTorch chunked path otherwise.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from twinkle.errors import InvalidInputError
 from twinkle.interfaces import Kernel
 from twinkle.kernel import OUTPUT_LOGPS, get_kernel_report
 from twinkle.model.parallel.ulysses import SequenceParallel
+from twinkle.model.passes.multimodal import multimodal_base, packed_multimodal_positions
 from twinkle.model.passes.requests import TargetSequence, check_sequences, model_limits
 from twinkle.module import MultiLoraLinear, TokenLogps, chunked_token_logps, logps_dtype, per_token
 from twinkle.processor import model_inputs
@@ -54,14 +54,6 @@ def inner_model(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def multimodal_base(model: Any) -> Any:
-    """A vision-language model's base (vision tower, projector and language model), which takes images."""
-    base = getattr(inner_model(model), "model", None)
-    if base is None or "pixel_values" not in inspect.signature(base.forward).parameters:
-        raise InvalidInputError(f"the batch has images but {type(inner_model(model)).__name__} takes no images")
-    return base
-
-
 @dataclass
 class DecoderOutput:
     """The decoder's last hidden states, and (when asked for) every MoE layer's router logits ``[B, T, E]``."""
@@ -77,8 +69,9 @@ def decode(
 
     With a ``sequence`` group, this rank computes its share of the tokens and the group's are gathered.
     """
-    inputs = model_inputs(batch)
-    decoder = multimodal_base(model) if "pixel_values" in inputs else inner_model(model).get_decoder()
+    inner = inner_model(model)
+    inputs = model_inputs(batch, packed_multimodal_positions(inner, batch))
+    decoder = multimodal_base(inner) if "pixel_values" in inputs else inner.get_decoder()
     if router_logits:
         inputs["output_router_logits"] = True
     if sequence is not None:
