@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -152,14 +154,29 @@ def test_images_for_a_text_only_model_or_an_assistant_turn_are_refused(vl_templa
         vl_template.encode({**in_answer, "images": [image]})
 
 
-def test_truncation_never_cuts_an_image(vl_dir) -> None:
+def test_truncation_never_cuts_an_image(vl_template) -> None:
     trajectory = {
         "messages": [{"role": "user", "content": "<image>Hi"}, {"role": "assistant", "content": "a b c d e f"}],
         "images": [png(scene((64, 64), (220, 40, 40)))],
     }
-    full = Template(vl_dir, max_length=None).encode(trajectory)
+    full = vl_template.encode(trajectory)
     assert full is not None
-    kept = Template(vl_dir, max_length=len(full["input_ids"]) - 2, truncation_strategy="right").encode(trajectory)
+
+    @contextlib.contextmanager
+    def truncating(max_length: int, strategy: str) -> Iterator[Template]:
+        # The module's template with another length policy (a copy would reload its tokenizer: slow).
+        saved = vl_template.max_length, vl_template.truncation_strategy
+        vl_template.max_length, vl_template.truncation_strategy = max_length, strategy
+        try:
+            yield vl_template
+        finally:
+            vl_template.max_length, vl_template.truncation_strategy = saved
+
+    with truncating(len(full["input_ids"]) - 2, "right") as template:
+        kept = template.encode(trajectory)
     assert kept is not None and kept["mm_token_type_ids"] == full["mm_token_type_ids"][:-2]
-    with pytest.raises(SequenceTooLongError, match="would cut image tokens"):
-        Template(vl_dir, max_length=len(full["input_ids"]) - 8, truncation_strategy="left").encode(trajectory)
+    with (
+        truncating(len(full["input_ids"]) - 8, "left") as template,
+        pytest.raises(SequenceTooLongError, match="would cut image tokens"),
+    ):
+        template.encode(trajectory)
