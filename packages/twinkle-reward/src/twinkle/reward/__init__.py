@@ -21,6 +21,7 @@ from twinkle.reward.base import CompletionReward, completion_text, user_data_of
 from twinkle.reward.function import FunctionReward, reward
 from twinkle.reward.gsm8k import GSM8KAccuracyReward, GSM8KFormatReward
 from twinkle.reward.math_answer import MathAnswerReward, final_answer
+from twinkle.reward.short_answer import ShortAnswerReward
 
 __all__ = [
     "CompletionReward",
@@ -28,6 +29,7 @@ __all__ = [
     "GSM8KAccuracyReward",
     "GSM8KFormatReward",
     "MathAnswerReward",
+    "ShortAnswerReward",
     "boxed_answer",
     "completion_text",
     "final_answer",
