@@ -62,7 +62,8 @@ class Trajectory(TypedDict):
     placeholder in the messages' contents, in order: a local path (or a
     ``file://`` URL, or a ``data:image/...;base64,`` URI), the encoded bytes,
     a ``{"bytes": ..., "path": ...}`` dict as ``datasets`` stores images, or a
-    PIL image. Only paths, URIs and dicts of them survive a ``datasets`` table.
+    PIL image. A preprocessor's output in ``Dataset.map`` is stored as JSON, so
+    there only paths and URIs (strings) can be given.
     """
 
     messages: Annotated[list[Message], MinLen(1)]  # bounds as validate_trajectory enforces them, for schemas
