@@ -35,9 +35,9 @@ from twinkle.template.loss_mask import assistant_token_mask
 from twinkle.template.tool_parsers import assistant_message, detect_tool_parser
 from twinkle.template.truncation import TruncationStrategy, check_truncation_args, truncate
 from twinkle.template.vision import (
+    IMAGE_PLACEHOLDER,
     ImageEncoder,
     ImageInputs,
-    count_placeholders,
     image_parts,
     trajectory_images,
     truncate_image_types,
@@ -309,8 +309,6 @@ class Template:
             end -= 1
         if end == 0:
             raise InvalidInputError("trajectory.messages holds only assistant messages: there is no prompt to encode")
-        if images is not None and count_placeholders(messages[:end], "trajectory.messages") != len(images.grid_thw):
-            raise InvalidInputError("trajectory.messages: every <image> placeholder must be in the prompt")
         chat, _ = self._chat(messages[:end], "trajectory.messages", images is not None)
         text = self._render(chat, tools, add_generation_prompt=True)
         input_ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -363,7 +361,7 @@ class Template:
 def _chat_message(message: Mapping[str, Any], images: bool = False) -> dict[str, Any]:
     """Drop empty fields (``datasets`` fills absent keys with None) and give tool calls the OpenAI layout."""
     chat = {key: value for key, value in message.items() if value is not None}
-    if images and "<image>" in chat.get("content", ""):
+    if images and IMAGE_PLACEHOLDER in chat.get("content", ""):
         chat["content"] = image_parts(chat["content"])
     if chat.get("tool_calls"):
         chat["tool_calls"] = [
