@@ -11,14 +11,12 @@ model (see :func:`twinkle.processor.model_inputs`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
 from twinkle.data_format import InputFeature
 from twinkle.errors import InvalidInputError
-
-VISION_FIELDS = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
 
 
 def vision_tensors(
@@ -30,8 +28,8 @@ def vision_tensors(
         return {}
     pixels, grids = [], []
     for i in rows:
-        pixel_values = torch.as_tensor(_array(features[i]["pixel_values"]), dtype=torch.float32)
-        grid_thw = torch.as_tensor(_array(features[i]["image_grid_thw"]), dtype=torch.long).reshape(-1, 3)
+        pixel_values = torch.as_tensor(features[i]["pixel_values"], dtype=torch.float32)  # lists or arrays
+        grid_thw = torch.as_tensor(features[i]["image_grid_thw"], dtype=torch.long).reshape(-1, 3)
         if pixel_values.ndim != 2 or pixel_values.shape[0] != int(grid_thw.prod(-1).sum()):
             raise InvalidInputError(
                 f"features[{i}].pixel_values has shape {tuple(pixel_values.shape)} but its image_grid_thw "
@@ -57,8 +55,3 @@ def vision_tensors(
             else:
                 types[i, width - len(row) :] = row
     return {"pixel_values": torch.cat(pixels), "image_grid_thw": torch.cat(grids), "mm_token_type_ids": types}
-
-
-def _array(value: Any) -> Any:
-    """Lists (from JSON or Arrow) or arrays, as given: torch converts both."""
-    return value.tolist() if hasattr(value, "tolist") and not isinstance(value, torch.Tensor) else value
