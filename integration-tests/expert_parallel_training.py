@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from conversations import encoded_conversations  # beside this script
 from peft import LoraConfig
+from resumed_training import train_save_resume
 
 import twinkle
 from twinkle import DeviceMesh
@@ -42,32 +43,11 @@ def _model(mesh: DeviceMesh, lora: bool) -> TransformersModel:
     return model
 
 
-def _steps(model: TransformersModel, batch: list[dict[str, Any]], count: int) -> tuple[list[float], list[float]]:
-    losses, norms = [], []
-    for _ in range(count):
-        losses.append(model.forward_backward(inputs=batch).loss)
-        norms.append(model.clip_grad_and_step(max_grad_norm=1.0)["grad_norm"])
-    return losses, norms
-
-
 def run(mesh: DeviceMesh, lora: bool, output_dir: Path) -> dict[str, Any]:
     """4 steps with a checkpoint after the second, then the last 2 again from that checkpoint."""
     rank = int(os.environ["RANK"]) if mesh.world_size > 1 else 0
     batch = features()[rank :: mesh.world_size]  # each rank's share of the global batch, as a DataLoader deals it
-    model = _model(mesh, lora)
-    losses, norms = _steps(model, batch, 2)
-    checkpoint = model.save("step-2", output_dir=output_dir)
-    more_losses, more_norms = _steps(model, batch, 2)
-    final = model.save("final", output_dir=output_dir, save_optimizer=False)
-    resumed = _model(mesh, lora)
-    resumed.resume_from_checkpoint(checkpoint)
-    resumed_losses, _ = _steps(resumed, batch, 2)
-    return {
-        "losses": losses + more_losses,
-        "norms": norms + more_norms,
-        "resumed": resumed_losses,
-        "final": str(final),
-    }
+    return train_save_resume(lambda: _model(mesh, lora), batch, output_dir)
 
 
 def main(output_dir: Path) -> None:

@@ -1,5 +1,7 @@
 import json
 import os
+from functools import partial
+from typing import Any
 
 import pytest
 import torch
@@ -56,22 +58,7 @@ def trained_model():
     LoRA starts as the identity (B = 0); random B makes each adapter change the
     model's predictions, so nothing passes by accident.
     """
-    from twinkle.model import TransformersModel
-
-    def make(*names: str, rank: int = 4) -> TransformersModel:
-        torch.manual_seed(0)
-        model = TransformersModel(device="cpu")
-        for index, name in enumerate(names):
-            config = LoraConfig(r=rank * (index + 1), lora_alpha=8, target_modules="all-linear", lora_dropout=0.0)
-            model.add_adapter_to_model(name, config)
-            generator = torch.Generator().manual_seed(index + 1)
-            with torch.no_grad():
-                for param_name, param in model.model.named_parameters():
-                    if "lora_B" in param_name and f".{name}." in param_name:
-                        param.normal_(0, 0.3, generator=generator)
-        return model
-
-    return make
+    return partial(_trainer_with_adapters, None)
 
 
 @pytest.fixture(scope="session")
@@ -126,19 +113,21 @@ def vllm_engine_args():
 @pytest.fixture(scope="session")
 def vllm_trainer(vllm_model_dir):
     """``vllm_trainer(*names)``: a TransformersModel of the vLLM test model with random-B adapters of ranks 4, 8, ..."""
+    return partial(_trainer_with_adapters, vllm_model_dir)
+
+
+def _trainer_with_adapters(model_id: str | None, *names: str, rank: int = 4) -> Any:
+    """A TransformersModel with adapters ``names`` of ranks ``rank``, 2·``rank``, ... and random (non-zero) B."""
     from twinkle.model import TransformersModel
 
-    def make(*names: str) -> TransformersModel:
-        torch.manual_seed(0)
-        model = TransformersModel(model_id=vllm_model_dir, device="cpu")
-        for index, name in enumerate(names):
-            config = LoraConfig(r=4 * (index + 1), lora_alpha=8, target_modules="all-linear", lora_dropout=0.0)
-            model.add_adapter_to_model(name, config)
-            generator = torch.Generator().manual_seed(index + 1)
-            with torch.no_grad():
-                for param_name, param in model.model.named_parameters():
-                    if "lora_B" in param_name and f".{name}." in param_name:
-                        param.normal_(0, 0.3, generator=generator)
-        return model
-
-    return make
+    torch.manual_seed(0)
+    model = TransformersModel(model_id=model_id, device="cpu")
+    for index, name in enumerate(names):
+        config = LoraConfig(r=rank * (index + 1), lora_alpha=8, target_modules="all-linear", lora_dropout=0.0)
+        model.add_adapter_to_model(name, config)
+        generator = torch.Generator().manual_seed(index + 1)
+        with torch.no_grad():
+            for param_name, param in model.model.named_parameters():
+                if "lora_B" in param_name and f".{name}." in param_name:
+                    param.normal_(0, 0.3, generator=generator)
+    return model

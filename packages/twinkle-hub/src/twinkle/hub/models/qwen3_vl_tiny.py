@@ -27,7 +27,8 @@ import numpy as np
 
 from twinkle.hub.models.chat_template import QWEN3_VL_CHAT_TEMPLATE
 from twinkle.hub.models.decoder_weights import INIT_STD, DecoderLayout, decoder_weights
-from twinkle.hub.models.qwen3_tiny import ENDOFTEXT_ID, IM_END_ID, PADDED_VOCAB_SIZE, WEIGHT_SEED, write_model
+from twinkle.hub.models.families import TINY_SHAPE
+from twinkle.hub.models.qwen3_tiny import WEIGHT_SEED, write_model
 
 if TYPE_CHECKING:
     from transformers import Qwen3VLConfig
@@ -67,15 +68,8 @@ def tiny_vl_config() -> Qwen3VLConfig:
     from transformers import Qwen3VLConfig
 
     text = {
-        "vocab_size": PADDED_VOCAB_SIZE,
-        "hidden_size": 64,
-        "intermediate_size": 256,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        **TINY_SHAPE,  # the other tiny families' language model, with Qwen3's head size
         "head_dim": 16,
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6,
         # Qwen3-VL's interleaved multimodal rotary sections (24, 20, 20 of 64 frequencies), scaled to 8.
         "rope_parameters": {
             "rope_type": "default",
@@ -83,11 +77,6 @@ def tiny_vl_config() -> Qwen3VLConfig:
             "mrope_section": [3, 3, 2],
             "mrope_interleaved": True,
         },
-        "tie_word_embeddings": True,
-        "dtype": "float32",
-        "bos_token_id": ENDOFTEXT_ID,
-        "eos_token_id": IM_END_ID,
-        "pad_token_id": ENDOFTEXT_ID,
     }
     return Qwen3VLConfig(
         architectures=["Qwen3VLForConditionalGeneration"],

@@ -172,15 +172,21 @@ def _read_optimizer_state(owner: TrainingModel, path: Path, name: str | None) ->
     return saved
 
 
-def load_full_weights(owner: TrainingModel, path: Path) -> None:
-    """A transformers checkpoint's weights into ``owner``'s model, checked whole before any is copied."""
-    model: PreTrainedModel = owner.model
+def read_weight_files(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a transformers checkpoint directory's ``*.safetensors`` files, by its saved name."""
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ResourceNotFoundError(f"{path} has neither an adapter nor *.safetensors model weights")
     state_dict: dict[str, torch.Tensor] = {}
     for file in files:
         state_dict.update(load_file(str(file)))
+    return state_dict
+
+
+def load_full_weights(owner: TrainingModel, path: Path) -> None:
+    """A transformers checkpoint's weights into ``owner``'s model, checked whole before any is copied."""
+    model: PreTrainedModel = owner.model
+    state_dict = read_weight_files(path)
     expected = model.state_dict()
     if set(state_dict) - set(expected) and set(expected) - set(state_dict):
         # Saved in the checkpoint's own layout (transformers' save_pretrained turns fused MoE experts back

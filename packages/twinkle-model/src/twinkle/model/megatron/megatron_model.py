@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 from peft import LoraConfig, PeftConfig
-from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from twinkle.errors import ConfigurationError, ResourceNotFoundError
+from twinkle.errors import ConfigurationError
 from twinkle.infra import remote_class
+from twinkle.model.checkpoints.save_load import read_weight_files
 from twinkle.model.loading import CheckpointingPolicy
 from twinkle.model.megatron.causal_lm import MegatronCausalLM
 from twinkle.model.megatron.conversion import check_supported, to_megatron, to_transformers
@@ -74,14 +74,8 @@ class MegatronModel(TrainingModel):
         return model.train()
 
     def load_full_weights(self, path: Path) -> None:
-        files = sorted(path.glob("*.safetensors"))
-        if not files:
-            raise ResourceNotFoundError(f"{path} has no *.safetensors model weights")
-        state: dict[str, torch.Tensor] = {}
-        for file in files:
-            state.update(load_file(str(file)))
         try:
-            whole = to_megatron(state, self.model.config)
+            whole = to_megatron(read_weight_files(path), self.model.config)
         except KeyError as exc:
             raise ConfigurationError(f"{path} does not match this model: it has no {exc}") from exc
         parallel = self.parallel
