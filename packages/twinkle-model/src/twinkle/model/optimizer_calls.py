@@ -7,6 +7,7 @@ shards) are finished by the parallel plan (``sync_gradients``) before any of the
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import Any
 
 from twinkle.errors import InvalidInputError
@@ -14,14 +15,15 @@ from twinkle.model.parallel import Parallelism
 from twinkle.model.train_state import TrainState
 
 
-class OptimizerCalls:
+class OptimizerCalls(ABC):
     """Mixed into :class:`~twinkle.model.training_model.TrainingModel`, which provides the three members below."""
 
     model: Any
     parallel: Parallelism
 
+    @abstractmethod
     def train_state(self, adapter_name: str | None) -> TrainState:
-        raise NotImplementedError
+        """The state of adapter ``adapter_name`` (or of the full model), with its parameters and optimizer."""
 
     def update_optimizer(self, adapter_name: str | None = None, **hyperparameters: Any) -> None:
         """Set hyper-parameters (``lr``, ``betas``, ``eps``, ``weight_decay``...) of the existing optimizer in place.

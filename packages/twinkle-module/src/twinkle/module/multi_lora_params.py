@@ -22,6 +22,7 @@ wrapped module's own forward when no row has an adapter on them.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -79,7 +80,7 @@ def is_fused_experts(module: nn.Module) -> bool:
     return set(EXPERT_PARAMETERS) <= set(params) and params["gate_up_proj"].dim() == 3
 
 
-class _AdaptedParameters(nn.Module):
+class _AdaptedParameters(nn.Module, ABC):
     """Takes over ``base``'s parameters, buffers, children and plain attributes under their own names."""
 
     base: nn.Module
@@ -121,9 +122,9 @@ class _AdaptedParameters(nn.Module):
             if name in self.adapters
         ]
 
+    @abstractmethod
     def checked_weights(self, name: str, param: str, A: torch.Tensor, B: torch.Tensor, scaling: float) -> Any:
         """Adapter ``name``'s pair on ``param`` in PEFT's layout, validated and moved to the weight's device."""
-        raise NotImplementedError
 
     def extra_repr(self) -> str:
         return f"{type(self.base).__name__}, adapters={sorted(self.adapters)}"

@@ -26,7 +26,6 @@ from twinkle.module import (
     MultiLoraLinear,
     adapter_names,
     inject_multi_lora,
-    lora_targets,
     read_adapter_dir,
     remove_adapter,
     set_adapter_weights,
@@ -108,13 +107,14 @@ class TorchSampler(Sampler):
         that goes on updating its adapter in place does not change what this
         sampler samples until the next :meth:`add_adapter`.
         """
-        targets = lora_targets(self.model, config, split_lora_state_dict(name, config, state_dict)[0])
+        # Linear layers by module name; adapted parameters (MoE experts, routers) by the parameter's full name.
         tensors, scaling = split_lora_state_dict(name, config, state_dict, self.model)
         modules = dict(self.model.named_modules())
-        unknown = [  # PEFT names an adapted parameter by its module (targets: the parameter's full name)
-            module
-            for module, target in targets.items()
-            if target == module and not isinstance(modules.get(module), (torch.nn.Linear, MultiLoraLinear))
+        parameters = {parameter for parameter, _ in self.model.named_parameters()}
+        unknown = [
+            target
+            for target in tensors
+            if target not in parameters and not isinstance(modules.get(target), (torch.nn.Linear, MultiLoraLinear))
         ]
         if unknown:
             raise ConfigurationError(

@@ -78,9 +78,7 @@ class MegatronModel(TrainingModel):
             whole = to_megatron(read_weight_files(path), self.model.config)
         except KeyError as exc:
             raise ConfigurationError(f"{path} does not match this model: it has no {exc}") from exc
-        parallel = self.parallel
-        assert isinstance(parallel, TensorParallel)
-        _copy_whole_weights(self.model, parallel, whole)
+        _copy_whole_weights(self.model, self.parallel, whole)
 
     # ------------------------------------------------------------------ LoRA adapters (.lora)
 
@@ -138,33 +136,29 @@ class MegatronModel(TrainingModel):
     def load_adapter_weights(self, adapter_name: str, directory: Path) -> None:
         """A PEFT adapter's whole pairs, cut to this rank's parts; all are checked before any is copied."""
         own = self.model.lora.state_dict_of(adapter_name)
-        saved = read_adapter_dir(directory)[1]
-        if set(saved) != set(own):
-            missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
-            raise ConfigurationError(
-                f"adapter {adapter_name!r}: weights missing for {missing[:3]}, unexpected {extra[:3]}"
-            )
-        parts = {key: self.parallel.local_part(self.model, own[key], tensor) for key, tensor in saved.items()}
-        wrong = [key for key, part in parts.items() if part.shape != own[key].shape]
-        if wrong:
-            raise ConfigurationError(f"adapter {adapter_name!r}: other shapes for {wrong[:3]} (another rank or model?)")
-        with torch.no_grad():
-            for key, part in parts.items():
-                own[key].copy_(part)
+        _copy_whole(self.model, self.parallel, own, read_adapter_dir(directory)[1], f"adapter {adapter_name!r}")
 
 
-def _copy_whole_weights(model: MegatronCausalLM, parallel: TensorParallel, whole: Mapping[str, torch.Tensor]) -> None:
-    """Copy whole megatron-named tensors into this rank's shards; all are checked before any is copied."""
-    params = dict(model.gpt.named_parameters())
-    missing, unexpected = sorted(set(params) - set(whole)), sorted(set(whole) - set(params))
+def _copy_whole_weights(model: MegatronCausalLM, parallel: Parallelism, whole: Mapping[str, torch.Tensor]) -> None:
+    """Copy whole megatron-named tensors into this rank's shards of the model's weights."""
+    _copy_whole(model, parallel, dict(model.gpt.named_parameters()), whole, "checkpoint")
+
+
+def _copy_whole(
+    model: MegatronCausalLM,
+    parallel: Parallelism,
+    own: Mapping[str, torch.Tensor],
+    whole: Mapping[str, torch.Tensor],
+    what: str,
+) -> None:
+    """Copy each whole tensor into this rank's part of ``own``'s tensor of that name; all are checked first."""
+    missing, unexpected = sorted(set(own) - set(whole)), sorted(set(whole) - set(own))
     if missing or unexpected:
-        raise ConfigurationError(
-            f"checkpoint does not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
-        )
-    parts = {name: parallel.local_part(model, params[name], tensor) for name, tensor in whole.items()}
-    wrong = [name for name, part in parts.items() if part.shape != params[name].shape]
+        raise ConfigurationError(f"{what} does not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    parts = {name: parallel.local_part(model, own[name], tensor) for name, tensor in whole.items()}
+    wrong = [name for name, part in parts.items() if part.shape != own[name].shape]
     if wrong:
-        raise ConfigurationError(f"checkpoint does not fit the model: other shapes for {wrong[:3]}")
+        raise ConfigurationError(f"{what} does not fit the model: other shapes for {wrong[:3]}")
     with torch.no_grad():
         for name, part in parts.items():
-            params[name].copy_(part)
+            own[name].copy_(part)

@@ -24,6 +24,7 @@ from twinkle.infra import DeviceMesh
 from twinkle.model.megatron.conversion import is_sharded, local_part, whole
 from twinkle.model.parallel import Parallelism
 from twinkle.model.parallel import tensors as distributed
+from twinkle.model.parallel.tensors import SyncedGradients, clip_finished, map_moments
 
 
 class TensorParallel(Parallelism):
@@ -46,6 +47,7 @@ class TensorParallel(Parallelism):
         _initialize_megatron(self.mesh, self.rank, seed)
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.dp_group = parallel_state.get_data_parallel_group()
+        self.synced = SyncedGradients()
 
     def sum(self, values: Sequence[float]) -> list[float]:
         return distributed.all_reduce_sum(values, self._comm_device, self.dp_group)
@@ -58,15 +60,16 @@ class TensorParallel(Parallelism):
 
     def sync_gradients(self, model: torch.nn.Module, params: Sequence[torch.nn.Parameter]) -> None:
         for param in params:
-            if param.grad is None or getattr(param, "_twinkle_synced", None) == param.grad._version:
+            grad = param.grad
+            if grad is None or not self.synced.pending(param):
                 continue
             # Replicated, but each rank used it on its own part (its heads, its rows): the gradient is partial.
             if self.tp_size > 1 and getattr(param, "partial_over_tensor_parallel", False):
-                dist.all_reduce(param.grad, group=self.tp_group)
+                dist.all_reduce(grad, group=self.tp_group)
             if self.data_world_size > 1:
-                dist.all_reduce(param.grad, group=self.dp_group)
-                param.grad.div_(self.data_world_size)
-            param._twinkle_synced = param.grad._version  # type: ignore[attr-defined]
+                dist.all_reduce(grad, group=self.dp_group)
+                grad.div_(self.data_world_size)
+        self.synced.mark(params)
 
     def clip_grad_norm(self, model: torch.nn.Module, params: Sequence[torch.nn.Parameter], max_norm: float) -> float:
         self.sync_gradients(model, params)
@@ -82,11 +85,7 @@ class TensorParallel(Parallelism):
         if self.tp_size > 1:
             dist.all_reduce(sharded, group=self.tp_group)
         norm = float((sharded + replicated).sqrt())
-        coefficient = min(max_norm / (norm + 1e-6), 1.0)  # as torch.nn.utils.clip_grad_norm_ scales
-        for param in params:
-            if param.grad is not None:
-                param.grad.mul_(coefficient)
-                param._twinkle_synced = param.grad._version  # type: ignore[attr-defined]
+        clip_finished(params, norm, max_norm, self.synced)
         return norm
 
     def gathered(self, model: torch.nn.Module, tensors: dict[str, Any]) -> dict[str, Any]:
@@ -99,18 +98,8 @@ class TensorParallel(Parallelism):
         }
 
     def gathered_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        state = optimizer.state_dict()
-        params = [param for group in optimizer.param_groups for param in group["params"]]
-        moments = {  # new dicts: state_dict() shares the optimizer's own
-            index: {
-                key: whole(value, params[index], self.tp_group, self.tp_size)
-                if torch.is_tensor(value) and value.shape == params[index].shape
-                else value
-                for key, value in values.items()
-            }
-            for index, values in state["state"].items()
-        }
-        return {**state, "state": moments}
+        group, size = self.tp_group, self.tp_size
+        return map_moments(optimizer.state_dict(), optimizer, lambda value, param: whole(value, param, group, size))
 
     def local_part(self, model: torch.nn.Module, param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
         return local_part(full, param, self.tp_rank, self.tp_size)
@@ -118,17 +107,8 @@ class TensorParallel(Parallelism):
     def local_optimizer_state(
         self, model: torch.nn.Module, state: dict[str, Any], optimizer: torch.optim.Optimizer
     ) -> dict[str, Any]:
-        params = [param for group in optimizer.param_groups for param in group["params"]]
-        moments = {
-            index: {
-                key: local_part(value, params[index], self.tp_rank, self.tp_size)
-                if torch.is_tensor(value) and value.dim() == params[index].dim() and value.dim() > 0
-                else value
-                for key, value in values.items()
-            }
-            for index, values in state["state"].items()
-        }
-        return {**state, "state": moments}
+        rank, size = self.tp_rank, self.tp_size
+        return map_moments(state, optimizer, lambda value, param: local_part(value, param, rank, size))
 
     @property
     def _comm_device(self) -> torch.device:

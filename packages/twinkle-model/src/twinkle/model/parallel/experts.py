@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from twinkle.errors import ConfigurationError
 from twinkle.infra import DeviceMesh
-from twinkle.model.parallel.tensors import own_group
+from twinkle.model.parallel.tensors import SyncedGradients, own_group
 
 
 class _AllToAllRows(torch.autograd.Function):
@@ -144,7 +144,8 @@ class ExpertParallel:
         # The ranks holding the same experts (one per expert-parallel group), when there are several groups.
         replicas = [[group[index] for group in groups] for index in range(self.size)]
         self.replica_group = own_group(replicas, rank) if len(groups) > 1 else None
-        self._synced: dict[int, tuple[int, int]] = {}  # param id -> (grad id, grad version) when last synced
+        self.synced = SyncedGradients()
+        self._slices: dict[int, ExpertSlice] | None = None  # fixed once the experts are sharded (see shard)
 
     def prepare(self, model: torch.nn.Module) -> None:
         """Refuse a model whose experts cannot be spread over the group, before anything is built."""
@@ -182,6 +183,8 @@ class ExpertParallel:
             for part in (*wrapper.lora_A.values(), *wrapper.lora_B.values()):
                 cut = slices[part.weight.data_ptr()].cut(part.weight.data)
                 part.weight = torch.nn.Parameter(cut, requires_grad=part.weight.requires_grad)
+        # The model is wrapped now (no adapter can be added any more): its expert-local tensors stay these.
+        self._slices = self._find_slices(model)
 
     def expert_params(self, model: torch.nn.Module) -> set[torch.nn.Parameter]:
         """This rank's expert-local parameters (its experts and their LoRA pairs), which FSDP must leave alone."""
@@ -190,6 +193,9 @@ class ExpertParallel:
 
     def expert_slices(self, model: torch.nn.Module) -> dict[int, ExpertSlice]:
         """This rank's expert-local tensors (its experts' weights and their LoRA pairs), by ``data_ptr``."""
+        return self._slices if self._slices is not None else self._find_slices(model)
+
+    def _find_slices(self, model: torch.nn.Module) -> dict[int, ExpertSlice]:
         slices: dict[int, ExpertSlice] = {}
         module: Any  # an ExpertShard, PEFT's ParamWrapper or any other module
         for module in model.modules():
@@ -218,18 +224,12 @@ class ExpertParallel:
                 continue
             if param.grad is None:  # no token reached this rank's experts: it still takes part
                 param.grad = torch.zeros_like(param)
-            if self._synced.get(id(param)) == (id(param.grad), param.grad._version):
+            if not self.synced.pending(param):
                 continue
             if self.replica_group is not None:
                 dist.all_reduce(param.grad, group=self.replica_group)
             param.grad.div_(world_size)
-        self.mark_synced(params)
-
-    def mark_synced(self, params: Iterable[torch.nn.Parameter]) -> None:
-        """Take ``params``' gradients as they are now for synced (after clipping scaled them in place)."""
-        for param in params:
-            if param.grad is not None:
-                self._synced[id(param)] = (id(param.grad), param.grad._version)
+        self.synced.mark(params)
 
     def squared_norm(self, model: torch.nn.Module, params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
         """The squared L2 norm of every expert's gradient among ``params``, summed over the group's experts."""
@@ -250,6 +250,11 @@ class ExpertParallel:
             else value
             for key, value in tensors.items()
         }
+
+    def gathered_like(self, model: torch.nn.Module, param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        """The whole group's ``local`` for ``param`` (its optimizer moments): a collective when expert-local."""
+        expert_slice = self.expert_slices(model).get(param.data_ptr())
+        return local if expert_slice is None else expert_slice.gather(local, self.group)
 
     def local_part(self, model: torch.nn.Module, param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
         """This rank's part of ``full`` (a checkpoint's tensor) for ``param`` (``full`` itself if not expert-local)."""

@@ -35,7 +35,7 @@ from twinkle.errors import ConfigurationError
 from twinkle.infra import DeviceMesh, get_runtime
 from twinkle.model.parallel import tensors as distributed
 from twinkle.model.parallel.experts import ExpertParallel
-from twinkle.model.parallel.tensors import full_tensors, shard_optimizer_state
+from twinkle.model.parallel.tensors import clip_finished, full_tensors, map_moments, shard_optimizer_state
 from twinkle.model.parallel.ulysses import SequenceParallel
 from twinkle.model.train_state import TrainState
 from twinkle.utils import get_logger
@@ -206,11 +206,7 @@ class DataParallel(Parallelism):
         if shared:
             squared = squared + float(full_tensors(torch.nn.utils.get_total_norm(shared))) ** 2
         norm = float(squared.sqrt())
-        coefficient = min(max_norm / (norm + 1e-6), 1.0)  # as torch.nn.utils.clip_grad_norm_ scales
-        for param in params:
-            if param.grad is not None:
-                param.grad.mul_(coefficient)
-        self.experts.mark_synced(params)  # scaled in place, but synced already
+        clip_finished(params, norm, max_norm, self.experts.synced)
         return norm
 
     def gathered(self, model: torch.nn.Module, tensors: dict[str, Any]) -> dict[str, Any]:
@@ -219,19 +215,9 @@ class DataParallel(Parallelism):
 
     def gathered_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         state = optimizer.state_dict()
-        if self.experts is not None:  # an expert parameter's moments are gathered as the parameter is
-            params = [param for group in optimizer.param_groups for param in group["params"]]
-            slices, group = self.experts.expert_slices(model), self.experts.group
-            whole: dict[int, dict[str, Any]] = {}  # new dicts: state_dict() shares the optimizer's own
-            for index, values in state["state"].items():
-                expert_slice = slices.get(params[index].data_ptr())
-                whole[index] = {
-                    key: expert_slice.gather(value, group)
-                    if expert_slice is not None and torch.is_tensor(value) and value.shape == params[index].shape
-                    else value
-                    for key, value in values.items()
-                }
-            state = {**state, "state": whole}
+        experts = self.experts
+        if experts is not None:  # an expert parameter's moments are gathered as the parameter is
+            state = map_moments(state, optimizer, lambda value, param: experts.gathered_like(model, param, value))
         return dict(full_tensors(state))
 
     def local_part(self, model: torch.nn.Module, param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
@@ -242,18 +228,9 @@ class DataParallel(Parallelism):
     def local_optimizer_state(
         self, model: torch.nn.Module, state: dict[str, Any], optimizer: torch.optim.Optimizer
     ) -> dict[str, Any]:
-        if self.experts is not None:
-            params = [param for group in optimizer.param_groups for param in group["params"]]
-            state = {
-                **state,
-                "state": {
-                    index: {
-                        key: self.experts.local_part(model, params[index], value) if torch.is_tensor(value) else value
-                        for key, value in values.items()
-                    }
-                    for index, values in state["state"].items()
-                },
-            }
+        experts = self.experts
+        if experts is not None:
+            state = map_moments(state, optimizer, lambda value, param: experts.local_part(model, param, value))
         return shard_optimizer_state(state, optimizer)
 
     @property

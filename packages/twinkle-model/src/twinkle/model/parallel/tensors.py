@@ -7,7 +7,7 @@ the same order, or the ranks that did wait for the others until the timeout.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -112,14 +112,61 @@ def shard_optimizer_state(state: dict[str, Any], optimizer: torch.optim.Optimize
     Per-parameter tensors (Adam's moments) become DTensors laid out like their
     FSDP parameter; everything else, and all of it in one process, is unchanged.
     """
-    params = [param for group in optimizer.param_groups for param in group["params"]]  # state_dict's numbering
 
-    def fit(value: Any, param: torch.Tensor) -> Any:
-        if isinstance(param, DTensor) and torch.is_tensor(value) and value.shape == param.shape:
+    def fit(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        if isinstance(param, DTensor):
             return distribute_tensor(value.to(param.device), param.device_mesh, param.placements)
         return value
 
-    per_param = {}
-    for index, values in state["state"].items():
-        per_param[index] = {key: fit(value, params[index]) for key, value in values.items()}
-    return {**state, "state": per_param}
+    return map_moments(state, optimizer, fit)
+
+
+def map_moments(
+    state: dict[str, Any], optimizer: torch.optim.Optimizer, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+) -> dict[str, Any]:
+    """``state`` (an ``optimizer.state_dict()``) with ``fn(value, param)`` applied to each per-element tensor.
+
+    A per-element tensor (Adam's moments, a momentum buffer) has its parameter's number of dimensions, whole
+    or as this rank holds it; scalars such as Adam's ``step`` stay as they are. The result has new dicts:
+    ``state_dict()`` shares the optimizer's own.
+    """
+    params = [param for group in optimizer.param_groups for param in group["params"]]  # state_dict's numbering
+    moments = {
+        index: {
+            key: fn(value, params[index])
+            if torch.is_tensor(value) and value.dim() > 0 and value.dim() == params[index].dim()
+            else value
+            for key, value in values.items()
+        }
+        for index, values in state["state"].items()
+    }
+    return {**state, "state": moments}
+
+
+class SyncedGradients:
+    """Which gradients a plan has already finished across ranks, so finishing them again leaves them alone.
+
+    A gradient counts as finished until backward accumulates into it again (its tensor or version changes);
+    :func:`clip_finished` scales finished gradients in place and keeps them finished.
+    """
+
+    def __init__(self) -> None:
+        self._marks: dict[int, tuple[int, int]] = {}  # param id -> (grad id, grad version) when finished
+
+    def pending(self, param: torch.nn.Parameter) -> bool:
+        grad = param.grad
+        return grad is not None and self._marks.get(id(param)) != (id(grad), grad._version)
+
+    def mark(self, params: Iterable[torch.nn.Parameter]) -> None:
+        for param in params:
+            if param.grad is not None:
+                self._marks[id(param)] = (id(param.grad), param.grad._version)
+
+
+def clip_finished(params: Sequence[torch.nn.Parameter], norm: float, max_norm: float, synced: SyncedGradients) -> None:
+    """Scale finished gradients of total ``norm`` to at most ``max_norm``, as ``clip_grad_norm_`` does."""
+    coefficient = min(max_norm / (norm + 1e-6), 1.0)
+    for param in params:
+        if param.grad is not None:
+            param.grad.mul_(coefficient)
+    synced.mark(params)
