@@ -68,7 +68,7 @@ class MegatronModel(TrainingModel):
         config = AutoConfig.from_pretrained(self.model_path)
         with torch.random.fork_rng(devices=[]):  # building the layers must not move the data's random stream
             model = MegatronCausalLM(config, options["dtype"], parallel.tp_group, parallel.tp_rank, parallel.tp_size)
-        model.to(self.device)
+        model.to(device=self.device, dtype=options["dtype"])  # megatron builds its norms in float32 regardless
         source = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=options["dtype"])
         _copy_whole_weights(model, parallel, to_megatron(source.state_dict(), config))
         return model.train()
