@@ -107,21 +107,36 @@ def test_sampled_logprobs_equal_the_trainers(vl_sampler, image_prompts, vl_train
     vl_sampler.remove_adapter("policy")
 
 
-def test_adapters_on_the_vision_tower_are_refused_for_image_prompts(vl_sampler, image_prompts):
+def test_an_adapter_on_the_vision_tower_gets_each_rows_patches(vl_sampler, image_prompts, vl_trained_model):
+    """A vision-tower adapter and a language-model adapter in one batch: each row's log-probs are the trainer's
+    for its own adapter, so each image's patches went through its own row's adapter."""
     from peft import LoraConfig, get_peft_model_state_dict
 
-    from twinkle.errors import InvalidInputError
-    from twinkle.model import TransformersModel
-
-    model = TransformersModel(model_id=MODEL, device="cpu")
-    model.add_adapter_to_model("vision", LoraConfig(r=2, target_modules="all-linear"))
-    state = get_peft_model_state_dict(model.model, adapter_name="vision")
-    vl_sampler.add_adapter("vision", model.model.peft_config["vision"], state)
+    model = vl_trained_model
+    model.add_adapter_to_model("vision", LoraConfig(r=2, lora_alpha=4, target_modules="all-linear"))
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, param in model.model.named_parameters():
+            if "lora_B.vision" in name:
+                param.normal_(0, 0.3 if ".visual." in name else 0.0, generator=generator)  # only the ViT's matter
+    for adapter in ("policy", "vision"):
+        state = get_peft_model_state_dict(model.model, adapter_name=adapter)
+        vl_sampler.add_adapter(adapter, model.model.peft_config[adapter], state)
     try:
-        with pytest.raises(InvalidInputError, match=r"while an adapter adapts the vision tower \(visual\.blocks"):
-            vl_sampler.sample([image_prompts[0]], SamplingParams(max_tokens=2), adapter_name="vision")
+        adapters = ["vision", "policy", "vision"]
+        params = SamplingParams(max_tokens=6, temperature=1.0, seed=4)
+        mixed = vl_sampler.sample(image_prompts, params, adapter_name=adapters)
+        for adapter, sequence in zip(adapters, mixed.sequences, strict=True):
+            (expected,) = _completion_logps(model, [sequence], adapter_name=adapter)
+            assert len(sequence.logprobs) == len(expected)
+            assert max(abs(a - b) for a, b in zip(sequence.logprobs, expected, strict=True)) <= 1e-5
+        with model.model.disable_adapter():
+            base = _completion_logps(model, [mixed.sequences[0]], adapter_name="vision")[0]
+        assert max(abs(a - b) for a, b in zip(mixed.sequences[0].logprobs, base, strict=True)) > 1e-3
     finally:
-        vl_sampler.remove_adapter("vision")
+        for adapter in ("policy", "vision"):
+            vl_sampler.remove_adapter(adapter)
+        model.model.delete_adapter("vision")
 
 
 def test_image_prompt_to_a_text_only_sampler_is_refused(image_prompts):

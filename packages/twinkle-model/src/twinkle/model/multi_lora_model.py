@@ -28,11 +28,12 @@ from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.infra import remote_class
 from twinkle.model.multi_lora_adapters import MultiLoraAdapter, create_adapter
 from twinkle.model.passes.loss_inputs import check_micro_batch_size
+from twinkle.model.passes.multimodal import multimodal_base
 from twinkle.model.passes.plans import LossPlan, Plan, TargetsPlan
 from twinkle.model.passes.requests import AdapterRequest, AdapterResult, TargetsRequest, model_limits
 from twinkle.model.train_state import TrainState
 from twinkle.model.training_model import TrainingModel
-from twinkle.module import adapter_rows, read_adapter_dir, remove_adapter, write_adapter_dir
+from twinkle.module import ImageRows, adapter_rows, read_adapter_dir, remove_adapter, write_adapter_dir
 from twinkle.registry import register
 
 
@@ -185,8 +186,12 @@ class MultiLoraModel(TrainingModel):
 
     # ------------------------------------------------------------------ back-end hooks
 
-    def _route_rows(self, row_adapters: Sequence[str | None]) -> Any:
-        return adapter_rows(self.model, row_adapters)
+    def _route_rows(self, row_adapters: Sequence[str | None], batch: Mapping[str, torch.Tensor] | None) -> Any:
+        images = None
+        if batch is not None and "image_grid_thw" in batch:  # adapters on the vision tower route its patches
+            tower = multimodal_base(self.model).visual
+            images = ImageRows.of_batch(tower, batch["mm_token_type_ids"], batch["image_grid_thw"])
+        return adapter_rows(self.model, row_adapters, images)
 
     def adapter_state_dict(self, state: TrainState) -> dict[str, torch.Tensor]:
         return self._adapters[state.name].state_dict()

@@ -91,7 +91,7 @@ def backward(host: StepHost, state: TrainState) -> None:
     state.pending = None
     start = time.perf_counter()
     rows = [state.name if state.is_adapter else None] * int(pending.batch["input_ids"].shape[0])
-    with host.route(rows):  # checkpointed layers recompute their forward with the adapter it used
+    with host.route(rows, pending.batch):  # checkpointed layers recompute their forward with the adapter it used
         host.parallel.gradient_share(pending.loss_output.loss, state.gradient_accumulation_steps).backward()
     state.accumulated += 1
     seconds = pending.seconds + time.perf_counter() - start
@@ -106,7 +106,7 @@ def generate(host: StepHost, state: TrainState, input_ids: Sequence[int], max_ne
     device = model.get_input_embeddings().weight.device
     model.eval()
     try:
-        with torch.no_grad(), host.route([state.name if state.is_adapter else None]):
+        with torch.no_grad(), host.route([state.name if state.is_adapter else None], None):
             prompt = batch["input_ids"].to(device)
             output = host.parallel.run(
                 model.generate,

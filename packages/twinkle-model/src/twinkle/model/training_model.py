@@ -299,8 +299,13 @@ class TrainingModel(OptimizerCalls, ABC):
         save_load.load_full_weights(self, path)
 
     @abstractmethod
-    def _route_rows(self, row_adapters: Sequence[str | None]) -> AbstractContextManager[Any]:
-        """Within the block, row ``i`` of every forward uses adapter ``row_adapters[i]`` (``None``: no adapter)."""
+    def _route_rows(
+        self, row_adapters: Sequence[str | None], batch: Mapping[str, torch.Tensor] | None
+    ) -> AbstractContextManager[Any]:
+        """Within the block, row ``i`` of every forward uses adapter ``row_adapters[i]`` (``None``: no adapter).
+
+        ``batch`` is the forward's batch, whose images (if any) belong to rows too.
+        """
 
     @abstractmethod
     def adapter_state_dict(self, state: TrainState) -> dict[str, torch.Tensor]:

@@ -36,7 +36,9 @@ class TransformersModel(TrainingModel):
         return peft_adapters.adapter_parameters(self.model, adapter_name)
 
     @contextmanager
-    def _route_rows(self, row_adapters: Sequence[str | None]) -> Iterator[None]:
+    def _route_rows(
+        self, row_adapters: Sequence[str | None], batch: Mapping[str, torch.Tensor] | None
+    ) -> Iterator[None]:
         names = set(row_adapters)
         if len(names) > 1:  # PEFT runs one active adapter per forward
             raise ConfigurationError(f"TransformersModel runs one adapter per forward, got {sorted(map(str, names))}")

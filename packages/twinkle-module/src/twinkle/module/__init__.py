@@ -23,6 +23,7 @@ from twinkle.module.multi_lora import (
     remove_adapter,
     set_adapter_weights,
 )
+from twinkle.module.multi_lora_images import ImageRows, images_per_row
 from twinkle.module.multi_lora_params import (
     ExpertLora,
     MultiLoraExperts,
@@ -46,6 +47,7 @@ __all__ = [
     "ConstantScheduler",
     "CosineWarmupScheduler",
     "ExpertLora",
+    "ImageRows",
     "LinearWarmupScheduler",
     "LoraWeights",
     "LowRankTerm",
@@ -62,6 +64,7 @@ __all__ = [
     "check_lora_config",
     "chunked_token_logps",
     "default_scheduler",
+    "images_per_row",
     "inject_multi_lora",
     "is_fused_experts",
     "logps_dtype",

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -33,6 +33,9 @@ from torch import nn
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.module.logps import LowRankTerm
 from twinkle.module.multi_lora_params import parameter_lora_layer, parameter_lora_modules
+
+if TYPE_CHECKING:
+    from twinkle.module.multi_lora_images import ImageRows
 
 
 @dataclass
@@ -65,6 +68,19 @@ class RowRouting:
 
     batch_size: int
     groups: tuple[tuple[str, torch.Tensor | None], ...]
+    # The same assignment for layers that see the rows' tokens flattened in other counts (a vision tower's
+    # patches, then its merged patches): the routing whose ``batch_size`` is the layer's input count applies.
+    alternates: tuple[RowRouting, ...] = ()
+
+    def of_input(self, count: int) -> RowRouting:
+        """The routing for a layer input of ``count`` rows (or flattened tokens)."""
+        for routing in (self, *self.alternates):
+            if routing.batch_size == count:
+                return routing
+        raise InvalidInputError(
+            f"adapter_rows assigned {self.batch_size} rows but the batch has {count}: "
+            "give one adapter name (or None) per batch row"
+        )
 
     def for_tokens(self, rows_N: torch.Tensor) -> RowRouting:
         """The same assignment for ``N`` flattened tokens, token ``n`` being one of batch row ``rows_N[n]``."""
@@ -142,11 +158,7 @@ class MultiLoraLinear(nn.Module):
         out = nn.functional.linear(x, self.weight, self.bias)
         if routing is None or not self.adapters:
             return out
-        if x.shape[0] != routing.batch_size:
-            raise InvalidInputError(
-                f"adapter_rows assigned {routing.batch_size} rows but the batch has {x.shape[0]}: "
-                "give one adapter name (or None) per batch row"
-            )
+        routing = routing.of_input(x.shape[0])
         # The adapters in this batch that target this layer, with their rows.
         loras = [(rows, self.adapters[name]) for name, rows in routing.groups if name in self.adapters]
         # The kernel takes one input for every adapter, so input dropout (per adapter) runs the loop.
@@ -336,11 +348,15 @@ def _lora_layers(model: nn.Module) -> list[Any]:
 
 
 @contextmanager
-def adapter_rows(model: nn.Module, row_adapters: Sequence[str | None]) -> Iterator[RowRouting]:
+def adapter_rows(
+    model: nn.Module, row_adapters: Sequence[str | None], images: ImageRows | None = None
+) -> Iterator[RowRouting]:
     """Within the block, batch row ``i`` of every forward uses adapter ``row_adapters[i]`` (``None``: base only).
 
-    Nested blocks restore the outer assignment on exit. Unknown adapter names
-    are rejected up front, before any forward runs.
+    With ``images`` (a batch's images, see :class:`~twinkle.module.ImageRows`),
+    the vision tower's layers give each image's patches the adapter of the row
+    the image belongs to. Nested blocks restore the outer assignment on exit.
+    Unknown adapter names are rejected up front, before any forward runs.
     """
     modules = _lora_layers(model)
     known = {name for module in modules for name in module.adapters}
@@ -349,9 +365,11 @@ def adapter_rows(model: nn.Module, row_adapters: Sequence[str | None]) -> Iterat
         raise InvalidInputError(f"unknown adapter(s) {unknown}; adapters: {sorted(known)}")
     device = next(modules[0].parameters()).device if modules else torch.device("cpu")
     routing = _routing(row_adapters, device)
+    tower = set() if images is None else {id(module) for module in images.tower.modules()}
+    tower_routing = None if images is None else images.routing(routing)
     previous = [module.routing for module in modules]
     for module in modules:
-        module.routing = routing
+        module.routing = tower_routing if id(module) in tower else routing
     try:
         yield routing
     finally:

@@ -24,7 +24,14 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from twinkle.data_format import FREE_EXPERT, SamplingParams
-from twinkle.module import MultiLoraLinear, RoutingRecord, adapter_rows, multi_lora_modules, record_routing
+from twinkle.module import (
+    ImageRows,
+    MultiLoraLinear,
+    RoutingRecord,
+    adapter_rows,
+    multi_lora_modules,
+    record_routing,
+)
 from twinkle.sampler.prompt_logprobs import prompt_logprobs
 from twinkle.sampler.results import Completion, Generation, Prompt
 from twinkle.sampler.stopping import StopCriteria
@@ -171,7 +178,7 @@ class Decoder:
     ) -> torch.Tensor:
         """The decoder's hidden states; with ``images``, the vision-language base's (positions ``[3, B, T]``)."""
         decoder, extra = (self.decoder, {}) if images is None else (self.base, images)
-        with self._routed(adapters):
+        with self._routed(adapters, images):
             output = decoder(
                 input_ids=ids_BT,
                 attention_mask=mask_BL,
@@ -189,9 +196,16 @@ class Decoder:
         with self._routed(adapters):
             return self.head(hidden_BH)
 
-    def _routed(self, adapters: list[str | None]) -> AbstractContextManager[object]:
-        """Row ``i`` with adapter ``adapters[i]`` (none without adapters: the block is then a no-op)."""
-        return adapter_rows(self.model, adapters) if self.has_adapters else nullcontext()
+    def _routed(
+        self, adapters: list[str | None], images: dict[str, torch.Tensor] | None = None
+    ) -> AbstractContextManager[object]:
+        """Row ``i`` with adapter ``adapters[i]``, its images' patches too (a no-op without adapters)."""
+        if not self.has_adapters:
+            return nullcontext()
+        if images is None:
+            return adapter_rows(self.model, adapters)
+        rows = ImageRows.of_batch(self.base.visual, images["mm_token_type_ids"], images["image_grid_thw"])
+        return adapter_rows(self.model, adapters, rows)
 
     @staticmethod
     def _record(

@@ -20,9 +20,8 @@ import torch
 
 from twinkle.data_format import InputFeature
 from twinkle.errors import InvalidInputError
-from twinkle.module import multi_lora_modules
 
-__all__ = ["check_vision_adapters", "image_digest", "image_prefill_inputs", "multimodal_base"]
+__all__ = ["image_digest", "image_prefill_inputs", "multimodal_base"]
 
 
 def multimodal_base(model: Any) -> Any | None:
@@ -53,7 +52,6 @@ def image_prefill_inputs(
         return None
     if base is None:
         raise InvalidInputError(f"inputs{with_images[:5]} carry images but the sampler's model takes no images")
-    check_vision_adapters(base)
     device, length = mask_UL.device, mask_UL.shape[1]
     types_UL = torch.zeros_like(mask_UL)
     for row, feature in enumerate(features):
@@ -67,16 +65,3 @@ def image_prefill_inputs(
         "image_grid_thw": torch.cat(grids).to(device),
         "mm_token_type_ids": types_UL,
     }
-
-
-def check_vision_adapters(base: Any) -> None:
-    """Refuse image prompts while an adapter adapts the vision tower: its layers see patches, not batch rows,
-    so per-row adapters cannot be routed there yet (adapters on the language model only are served)."""
-    visual = getattr(base, "visual", None)
-    adapted = [] if visual is None else [name for name, m in multi_lora_modules(visual).items() if m.adapters]
-    if adapted:
-        raise InvalidInputError(
-            f"TorchSampler cannot sample image prompts while an adapter adapts the vision tower (visual.{adapted[0]} "
-            "and others); serve an adapter on the language model only (e.g. target_modules="
-            r"'.*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)')"
-        )

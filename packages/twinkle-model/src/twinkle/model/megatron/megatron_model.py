@@ -96,7 +96,9 @@ class MegatronModel(TrainingModel):
         self._states.pop(FULL_MODEL, None)  # only evaluated (or failed) without adapters: adapters replace it
         return model.lora.parameters_of(adapter_name)
 
-    def _route_rows(self, row_adapters: Sequence[str | None]) -> AbstractContextManager[None]:
+    def _route_rows(
+        self, row_adapters: Sequence[str | None], batch: Mapping[str, torch.Tensor] | None
+    ) -> AbstractContextManager[None]:
         names = set(row_adapters)
         if len(names) > 1:
             raise ConfigurationError(f"MegatronModel runs one adapter per forward, got {sorted(map(str, names))}")

@@ -22,7 +22,7 @@ Under data parallelism (one plan per call) every forward runs through
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -45,8 +45,9 @@ from twinkle.model.precision import MixedPrecision, autocast
 from twinkle.module import replay_routing
 from twinkle.processor import InputProcessor, select_rows
 
-# Routes a pass's rows to adapters: the adapter name (None: none) of every row, for the block's forwards.
-RowRouter = Callable[[Sequence[str | None]], AbstractContextManager[Any]]
+# Routes a pass's rows to adapters: the adapter name (None: none) of every row, for the block's forwards; the
+# batch (None: a text-only one) shows which row each image belongs to.
+RowRouter = Callable[[Sequence[str | None], Mapping[str, torch.Tensor] | None], AbstractContextManager[Any]]
 
 
 class PassHost(Protocol):
@@ -87,7 +88,7 @@ class PassEngine:
     ) -> TokenLogpsResult:
         """One adapter's label log-probs of ``batch`` (autograd as the caller's mode has it): the step API's forward."""
         rows, on_device = batch["input_ids"].shape[0], self._on_device(batch)
-        with self._autocast(), self.route([adapter] * rows), self._replay(on_device):
+        with self._autocast(), self.route([adapter] * rows, on_device), self._replay(on_device):
             labels, _, _ = self.host.parallel.run(
                 self._forward, self.host.model, on_device, {}, True, return_logits, None
             )
@@ -138,7 +139,7 @@ class PassEngine:
         try:
             on_device = self._on_device(batch)
             # Loss and backward stay within the adapters' and experts' routing: checkpointed layers recompute there.
-            with self.route(row_adapters), self._replay(on_device):
+            with self.route(row_adapters, on_device), self._replay(on_device):
                 with self._autocast():
                     labels, targets, router_logits = host.parallel.run(
                         self._forward, host.model, on_device, target_rows, reads_labels, return_logits, router

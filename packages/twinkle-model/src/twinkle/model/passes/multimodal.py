@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from twinkle.errors import InvalidInputError
+from twinkle.module import images_per_row
 
 __all__ = ["multimodal_base", "packed_multimodal_positions"]
 
@@ -39,8 +40,7 @@ def packed_multimodal_positions(inner: Any, batch: Mapping[str, torch.Tensor]) -
     pieces, used = [], 0
     for start, length in zip(batch["seq_starts"].tolist(), batch["seq_lens"].tolist(), strict=True):
         types = types_1T[:, start : start + length]
-        image = types[0] == 1
-        images = int(image[0]) + int((image[1:] & ~image[:-1]).sum())  # runs of image tokens: one per image
+        images = int(images_per_row(types)[0])
         positions_31N, _ = base.get_rope_index(
             ids_1T[:, start : start + length],
             mm_token_type_ids=types,
