@@ -1,10 +1,10 @@
-"""Under ``torchrun --nproc_per_node 2``: MegatronModel trains with ``tp_size=2`` or ``dp_size=2``.
+"""Under ``torchrun --nproc_per_node 2``: MegatronModel trains with ``tp_size=2``, ``pp_size=2`` or ``dp_size=2``.
 
     torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp OUTPUT_DIR
 
-Every weight, then a LoRA adapter on every projection (PEFT's "all-linear"), trains for 4 steps in
-float64 (a checkpoint with the optimizer after step 2, the final weights after step 4); a fresh model
-then resumes from the step-2 checkpoint for the last 2 steps. Rank 0 prints ``RESULT`` and the JSON of
+Every weight, then a LoRA adapter on every projection (PEFT's "all-linear"), trains for 5 steps in
+float64 (a checkpoint with the optimizer after step 2, the final weights after step 5); a fresh model
+then resumes from the step-2 checkpoint for the last 3 steps. Rank 0 prints ``RESULT`` and the JSON of
 each kind's losses, gradient norms and paths; the same runs in one process are :func:`run` with no mesh.
 test_megatron_parallel.py runs both and compares.
 """
@@ -43,7 +43,7 @@ def run(mesh: DeviceMesh | None, lora: bool, output_dir: Path) -> dict[str, Any]
     data_ranks = mesh.data_world_size if mesh is not None else 1
     rank = mesh.data_rank(int(os.environ["RANK"])) if mesh is not None else 0
     batch = features[rank::data_ranks]  # each data-parallel rank's share; tensor-parallel ranks share theirs
-    return train_save_resume(lambda: _model(mesh, lora), batch, output_dir)
+    return train_save_resume(lambda: _model(mesh, lora), batch, output_dir, after=3)
 
 
 def main(layout: str, output_dir: Path) -> None:

@@ -30,6 +30,7 @@ CASES: dict[str, Callable[[], object]] = {
     "experts-split": lambda: TransformersModel(MOE, device_mesh=_mesh(fsdp_size=WORLD, ep_size=WORLD)),
     "heads-split": lambda: TransformersModel(DENSE, device_mesh=_mesh(fsdp_size=WORLD, ulysses_size=WORLD)),
     "megatron-heads": lambda: _megatron(DENSE, _mesh(tp_size=WORLD)),
+    "megatron-layers": lambda: _megatron(DENSE, _mesh(pp_size=WORLD)),
 }
 
 

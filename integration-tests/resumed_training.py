@@ -1,4 +1,4 @@
-"""The torchrun workers' shared run: 4 steps with a checkpoint after the second, then steps 3-4 again from it."""
+"""The torchrun workers' shared run: steps with a checkpoint after the second, then the later ones again from it."""
 
 from __future__ import annotations
 
@@ -16,14 +16,17 @@ def steps(model: Any, batch: list[dict[str, Any]], count: int) -> tuple[list[flo
     return losses, norms
 
 
-def train_save_resume(make_model: Callable[[], Any], batch: list[dict[str, Any]], output_dir: Path) -> dict[str, Any]:
-    """Losses and norms of 4 steps, the losses of steps 3-4 resumed in a fresh model, and the final weights' path."""
+def train_save_resume(
+    make_model: Callable[[], Any], batch: list[dict[str, Any]], output_dir: Path, after: int = 2
+) -> dict[str, Any]:
+    """Losses and norms of 2 + ``after`` steps, the losses of the ``after`` steps resumed in a fresh model from the
+    step-2 checkpoint, and the final weights' path."""
     model = make_model()
     losses, norms = steps(model, batch, 2)
     checkpoint = model.save("step-2", output_dir=output_dir)
-    more_losses, more_norms = steps(model, batch, 2)
+    more_losses, more_norms = steps(model, batch, after)
     final = model.save("final", output_dir=output_dir, save_optimizer=False)
     resumed = make_model()
     resumed.resume_from_checkpoint(checkpoint)
-    resumed_losses, _ = steps(resumed, batch, 2)
+    resumed_losses, _ = steps(resumed, batch, after)
     return {"losses": losses + more_losses, "norms": norms + more_norms, "resumed": resumed_losses, "final": str(final)}

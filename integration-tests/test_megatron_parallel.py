@@ -1,10 +1,11 @@
-"""MegatronModel under ``torchrun --nproc_per_node 2``: tensor parallelism and data parallelism equal one process.
+"""MegatronModel under ``torchrun --nproc_per_node 2``: tensor, pipeline and data parallelism equal one process.
 
 ``megatron_training.py`` trains every weight of ``builtin://qwen3-tiny``, then a LoRA adapter on every
-projection, for 4 steps with ``tp_size=2`` (each rank holding half of every attention and MLP projection,
-of the vocabulary and of the adapter's pairs) and with ``dp_size=2``; this process runs the same steps
-alone. In float64 (where only summation order differs): the losses and gradient norms agree to 1e-8,
-clipping binds, resuming from the step-2 checkpoint repeats steps 3-4, and the final checkpoints (shards
+projection, for 5 steps with ``tp_size=2`` (each rank holding half of every attention and MLP projection,
+of the vocabulary and of the adapter's pairs), with ``pp_size=2`` (each rank two of the four decoder
+layers and their adapter pairs, the tied embeddings on both) and with ``dp_size=2``; this process runs the
+same steps alone. In float64 (where only summation order differs): the losses and gradient norms agree to 1e-8,
+clipping binds, resuming from the step-2 checkpoint repeats steps 3-5, and the final checkpoints (shards
 gathered whole) load in plain transformers (+ PEFT for the adapter) with the one-process checkpoint's
 logits.
 """
@@ -54,13 +55,13 @@ def _torchrun(layout: str, output: Path) -> dict[str, Any]:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     resolve_model(MODEL)  # built once, before several processes
     output = tmp_path_factory.mktemp("megatron")
-    results = {layout: _torchrun(layout, output / layout) for layout in ("tp", "dp")}
+    results = {layout: _torchrun(layout, output / layout) for layout in ("tp", "pp", "dp")}
     results["alone"] = {kind: run(None, kind == "lora", output / "alone" / kind) for kind in ("full", "lora")}
     return results
 
 
 @pytest.mark.parametrize("kind", ["full", "lora"])
-@pytest.mark.parametrize("layout", ["tp", "dp"])
+@pytest.mark.parametrize("layout", ["tp", "pp", "dp"])
 def test_parallel_training_equals_one_process(runs, layout, kind):
     split, alone = runs[layout][kind], runs["alone"][kind]
     print(f"{layout}_size=2, {kind}: losses {split['losses']}, one process {alone['losses']}")
@@ -71,11 +72,12 @@ def test_parallel_training_equals_one_process(runs, layout, kind):
 
 
 @pytest.mark.parametrize("kind", ["full", "lora"])
-def test_tensor_parallel_checkpoints_load_in_plain_transformers(runs, kind):
+@pytest.mark.parametrize("layout", ["tp", "pp"])
+def test_model_parallel_checkpoints_load_in_plain_transformers(runs, layout, kind):
     features = encoded_conversations(MODEL)
     plain = resolve_model(MODEL)
     logits = []
-    for checkpoint in (runs["tp"][kind]["final"], runs["alone"][kind]["final"]):
+    for checkpoint in (runs[layout][kind]["final"], runs["alone"][kind]["final"]):
         if kind == "lora":
             model = PeftModel.from_pretrained(
                 AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float64), checkpoint

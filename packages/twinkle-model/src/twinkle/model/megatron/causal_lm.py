@@ -4,7 +4,8 @@ The engine runs any causal LM the same way: the decoder's last hidden states (``
 output layer (``get_output_embeddings()``) on the positions that predict something, in chunks. Here the
 decoder is megatron's embedding and transformer block (tensor-parallel layers, :mod:`.attention`'s core
 attention) and the output layer is vocabulary-parallel: each rank's slice of the logits, gathered whole,
-so the losses see the logits one process would (each chunk's only).
+so the losses see the logits one process would (each chunk's only). Under pipeline parallelism the block
+holds this stage's layers and every stage gets the last stage's hidden states (:mod:`.pipeline`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from twinkle.model.megatron.attention import RotaryAttention, RowPositions
 from twinkle.model.megatron.collectives import copy_to_group, gather_last_dim
 from twinkle.model.megatron.conversion import check_supported, to_transformers
 from twinkle.model.megatron.lora import FUSED, MegatronLora
+from twinkle.model.megatron.pipeline import PipelineStage, hand_on, receive_hidden
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -69,10 +71,17 @@ class MegatronDecoder(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(length, device=input_ids.device).expand(rows, length)
         owner.positions.position_ids_BS = position_ids
+        stage = owner.stage
         try:
-            embedded_SBH = owner.gpt.embedding(input_ids=input_ids, position_ids=position_ids)
+            if stage.is_first:
+                embedded_SBH = owner.gpt.embedding(input_ids=input_ids, position_ids=position_ids)
+            else:
+                weight = owner.gpt.embedding.word_embeddings.weight
+                embedded_SBH = receive_hidden(weight.new_empty(length, rows, owner.config.hidden_size))
             mask = block_mask(attention_mask, position_ids)
             hidden_SBH = owner.gpt.decoder(hidden_states=embedded_SBH, attention_mask=mask)
+            if stage.size > 1:
+                hidden_SBH = hand_on(hidden_SBH, stage)
         finally:
             owner.positions.position_ids_BS = None
         return SimpleNamespace(last_hidden_state=hidden_SBH.transpose(0, 1))
@@ -96,11 +105,23 @@ def block_mask(attention_mask_BS: torch.Tensor | None, position_ids_BS: torch.Te
 
 
 class MegatronCausalLM(nn.Module):
-    """A megatron-core GPT model of a transformers config, with this rank's tensor-parallel shards."""
+    """A megatron-core GPT model of a transformers config, with this rank's tensor-parallel shards.
 
-    def __init__(self, config: Any, dtype: torch.dtype, group: dist.ProcessGroup | None, rank: int, size: int) -> None:
+    ``stage``: this rank's pipeline stage (its decoder layers); the whole model when omitted.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        dtype: torch.dtype,
+        group: dist.ProcessGroup | None,
+        rank: int,
+        size: int,
+        stage: PipelineStage | None = None,
+    ) -> None:
         super().__init__()
-        check_supported(config, size)
+        self.stage = stage or PipelineStage(0, 1, 0)
+        check_supported(config, size, self.stage.size)
         self.config = config
         self.group, self.rank, self.size = group, rank, size
         self.positions = RowPositions()
@@ -108,17 +129,26 @@ class MegatronCausalLM(nn.Module):
         rope_theta = float(config.rope_parameters["rope_theta"])
         attention = spec.submodules.self_attention.submodules
         attention.core_attention = partial(RotaryAttention, positions=self.positions, rope_theta=rope_theta)
+        # Every stage builds the embedding and output layer (kept whole across stages, see .pipeline); their
+        # tie is ours, as megatron's needs CUDA under pipeline parallelism.
         self.gpt = GPTModel(
-            config=transformer_config(config, dtype, size),
+            config=transformer_config(config, dtype, size, self.stage.size),
             transformer_layer_spec=spec,
             vocab_size=config.vocab_size,
             max_sequence_length=config.max_position_embeddings,
-            share_embeddings_and_output_weights=config.tie_word_embeddings,
+            share_embeddings_and_output_weights=False,
             position_embedding_type="none",
         )
+        if config.tie_word_embeddings:
+            self.gpt.output_layer = None
+        if not self.stage.is_last:
+            self.gpt.decoder.final_layernorm = None
+        for weight in self.pipeline_replicated():
+            weight.replicated_over_pipeline = True  # type: ignore[attr-defined]
         self.lora = MegatronLora(group, rank, size)
-        for index, layer in enumerate(self.gpt.decoder.layers):
+        for layer in self.gpt.decoder.layers:
             for fused in FUSED:
+                index = layer.layer_number - 1  # the model's layer number, whatever the stage
                 layer.get_submodule(fused).register_forward_hook(self.lora.hook(index, fused))
             for norm in ("self_attention.q_layernorm", "self_attention.k_layernorm"):  # each rank norms its heads
                 layer.get_submodule(norm).weight.partial_over_tensor_parallel = True
@@ -126,9 +156,25 @@ class MegatronCausalLM(nn.Module):
     def get_input_embeddings(self) -> nn.Module:
         return self.gpt.embedding.word_embeddings  # num_embeddings is the whole vocabulary's
 
+    def pipeline_replicated(self) -> list[nn.Parameter]:
+        """The weights every pipeline stage holds whole: the word embeddings and an untied output layer."""
+        if self.stage.size == 1:
+            return []
+        weights = [self.gpt.embedding.word_embeddings.weight]
+        return weights if self.gpt.output_layer is None else [*weights, self.gpt.output_layer.weight]
+
     def get_output_embeddings(self) -> VocabParallelHead:
-        weight = self.gpt.shared_embedding_or_output_weight()
+        layer = self.gpt.output_layer
+        weight = self.gpt.embedding.word_embeddings.weight if layer is None else layer.weight
+        if not self.stage.is_first:  # the first stage's copy gets the gradient (see .pipeline)
+            weight = weight.detach()
         return VocabParallelHead(weight, self.config.vocab_size, self.group, self.rank, self.size)
+
+    @property
+    def stage_layers(self) -> range:
+        """The decoder layers this rank holds, by the model's numbering."""
+        per_stage = self.config.num_hidden_layers // self.stage.size
+        return range(self.stage.first_layer, self.stage.first_layer + per_stage)
 
     def get_decoder(self) -> MegatronDecoder:
         return MegatronDecoder(self)
@@ -172,7 +218,7 @@ class MegatronCausalLM(nn.Module):
         return tokens
 
 
-def transformer_config(config: Any, dtype: torch.dtype, tp_size: int) -> TransformerConfig:
+def transformer_config(config: Any, dtype: torch.dtype, tp_size: int, pp_size: int = 1) -> TransformerConfig:
     """megatron-core's description of a supported transformers decoder, with no CUDA-only fusions."""
     return TransformerConfig(
         num_layers=config.num_hidden_layers,
@@ -190,6 +236,8 @@ def transformer_config(config: Any, dtype: torch.dtype, tp_size: int) -> Transfo
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tp_size,
+        pipeline_model_parallel_size=pp_size,
+        pipeline_dtype=dtype,
         params_dtype=dtype,
         use_cpu_initialization=True,
         bias_dropout_fusion=False,

@@ -34,8 +34,8 @@ _LAYER_NAMES = {
 }
 
 
-def check_supported(config: Any, tp_size: int) -> None:
-    """Refuse a model or a tensor-parallel size this back-end cannot run, naming what does not fit."""
+def check_supported(config: Any, tp_size: int, pp_size: int = 1) -> None:
+    """Refuse a model or a tensor- or pipeline-parallel size this back-end cannot run, naming what does not fit."""
     if config.model_type not in SUPPORTED_FAMILIES:
         raise ConfigurationError(
             f"MegatronModel converts {', '.join(SUPPORTED_FAMILIES)} models; {config.model_type!r} is not one"
@@ -52,6 +52,10 @@ def check_supported(config: Any, tp_size: int) -> None:
     for name, size in (("intermediate_size", config.intermediate_size), ("vocab_size", config.vocab_size)):
         if size % tp_size:
             raise ConfigurationError(f"tp_size={tp_size} must divide the model's {name} ({size})")
+    if config.num_hidden_layers % pp_size:
+        raise ConfigurationError(
+            f"pp_size={pp_size} must divide the decoder layers (num_hidden_layers={config.num_hidden_layers})"
+        )
 
 
 def to_megatron(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:

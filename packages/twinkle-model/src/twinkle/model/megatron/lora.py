@@ -58,15 +58,23 @@ class MegatronLora(nn.Module):
         self.active: str | None = None
 
     def add(
-        self, name: str, config: Any, num_layers: int, sizes: dict[str, tuple[int, int]], like: torch.Tensor
+        self,
+        name: str,
+        config: Any,
+        num_layers: int,
+        sizes: dict[str, tuple[int, int]],
+        like: torch.Tensor,
+        layers: range | None = None,
     ) -> None:
         """Create adapter ``name`` (PEFT's initialisation, drawn whole, then cut to this rank's part).
 
         ``sizes``: each transformers projection's ``(out_features, in_features)``; ``like``: a base weight,
-        whose dtype and device the pairs take.
+        whose dtype and device the pairs take; ``layers``: the decoder layers this rank holds (a pipeline
+        stage's; every layer's pairs are drawn, so each starts as in one process).
         """
         config = _checked(name, config)
-        pairs, scaling = nn.ModuleDict(), {}
+        kept = range(num_layers) if layers is None else layers
+        pairs, scaling, matched = nn.ModuleDict(), {}, False
         for layer in range(num_layers):
             for projections in FUSED.values():
                 for projection in projections:
@@ -75,9 +83,12 @@ class MegatronLora(nn.Module):
                         continue
                     rank = int(pattern_value(config.rank_pattern or {}, module, config.r))
                     alpha = float(pattern_value(config.alpha_pattern or {}, module, config.lora_alpha))
-                    pairs[_key(module)] = self._pair(projection, rank, sizes[projection], like)
-                    scaling[module] = alpha / math.sqrt(rank) if config.use_rslora else alpha / rank
-        if not pairs:
+                    matched = True
+                    pair = self._pair(projection, rank, sizes[projection], like)
+                    if layer in kept:
+                        pairs[_key(module)] = pair
+                        scaling[module] = alpha / math.sqrt(rank) if config.use_rslora else alpha / rank
+        if not matched:
             raise ConfigurationError(
                 f"adapter {name!r}: target_modules {config.target_modules!r} match no projection of the decoder "
                 f"layers ({', '.join(p.rsplit('.', 1)[-1] for ps in FUSED.values() for p in ps)})"

@@ -4,9 +4,10 @@ The model is megatron-core's ``GPTModel`` (its tensor-parallel layers; the core 
 :mod:`.attention`), filled from a transformers checkpoint through :mod:`.conversion`, and saved back as
 one. Every call runs through the same pass engine, losses and metrics as :class:`TransformersModel`:
 the engine sees a causal LM (:class:`.causal_lm.MegatronCausalLM`) whose output layer gathers each
-chunk's logits over the tensor-parallel group. ``DeviceMesh.from_sizes(tp_size=..., dp_size=...)``
-under torchrun splits it; without a mesh it runs in this process. It trains every weight, or LoRA
-adapters in PEFT's format (:mod:`.lora`); pipeline and expert parallelism are not built yet.
+chunk's logits over the tensor-parallel group. ``DeviceMesh.from_sizes(tp_size=..., pp_size=...,
+dp_size=...)`` under torchrun splits it (pipeline stages: :mod:`.pipeline`); without a mesh it runs in
+this process. It trains every weight, or LoRA adapters in PEFT's format (:mod:`.lora`); expert
+parallelism is not built yet.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from twinkle.model.checkpoints.save_load import read_weight_files
 from twinkle.model.loading import CheckpointingPolicy
 from twinkle.model.megatron.causal_lm import MegatronCausalLM
 from twinkle.model.megatron.conversion import check_supported, to_megatron, to_transformers
-from twinkle.model.megatron.plan import TensorParallel
+from twinkle.model.megatron.pipeline import names_over_stages
+from twinkle.model.megatron.plan import MegatronParallel
 from twinkle.model.parallel import Parallelism
 from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.model.training_model import TrainingModel
@@ -43,9 +45,10 @@ class MegatronModel(TrainingModel):
     supports_data_parallel = True
 
     def _parallelism(self) -> Parallelism:
-        tp_size = self.device_mesh.size("tp") if self.device_mesh is not None else 1
-        check_supported(AutoConfig.from_pretrained(self.model_path), tp_size)  # before any group or layer exists
-        return TensorParallel(self.device_mesh, self.device)
+        sizes = [self.device_mesh.size(dim) if self.device_mesh is not None else 1 for dim in ("tp", "pp")]
+        config = AutoConfig.from_pretrained(self.model_path)
+        check_supported(config, *sizes)  # before any group or layer exists
+        return MegatronParallel(self.device_mesh, self.device, config.num_hidden_layers)
 
     def _load_model(
         self,
@@ -64,10 +67,12 @@ class MegatronModel(TrainingModel):
         if chosen:
             raise ConfigurationError(f"MegatronModel does not take {sorted(chosen)} yet")
         parallel = self.parallel
-        assert isinstance(parallel, TensorParallel)
+        assert isinstance(parallel, MegatronParallel)
         config = AutoConfig.from_pretrained(self.model_path)
         with torch.random.fork_rng(devices=[]):  # building the layers must not move the data's random stream
-            model = MegatronCausalLM(config, options["dtype"], parallel.tp_group, parallel.tp_rank, parallel.tp_size)
+            model = MegatronCausalLM(
+                config, options["dtype"], parallel.tp_group, parallel.tp_rank, parallel.tp_size, parallel.stage
+            )
         model.to(device=self.device, dtype=options["dtype"])  # megatron builds its norms in float32 regardless
         source = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=options["dtype"])
         _copy_whole_weights(model, parallel, to_megatron(source.state_dict(), config))
@@ -85,7 +90,8 @@ class MegatronModel(TrainingModel):
     def _add_adapter(self, adapter_name: str, config: PeftConfig, directory: Path | None) -> list[torch.nn.Parameter]:
         model: MegatronCausalLM = self.model
         like = next(model.gpt.parameters())  # the pairs take the base weights' dtype and device
-        model.lora.add(adapter_name, config, model.config.num_hidden_layers, model.projection_sizes(), like)
+        sizes, layers = model.projection_sizes(), model.stage_layers
+        model.lora.add(adapter_name, config, model.config.num_hidden_layers, sizes, like, layers)
         try:
             if directory:
                 self.load_adapter_weights(adapter_name, directory)
@@ -114,7 +120,7 @@ class MegatronModel(TrainingModel):
     def merged_weights(self, adapter_name: str | None) -> Iterator[tuple[str, torch.Tensor]]:
         """Every weight whole under transformers' names, with the adapter (if any) merged in (a collective)."""
         model: MegatronCausalLM = self.model
-        whole = self.parallel.gathered(model, {f"gpt.{k}": p for k, p in model.gpt.named_parameters()})
+        whole = self.parallel.gathered(model, {f"gpt.{k}": p for k, p in model.gpt.named_parameters()})  # all stages
         weights = to_transformers({name.removeprefix("gpt."): t for name, t in whole.items()}, model.config)
         state = self.train_state(adapter_name)
         if state.is_adapter:
@@ -142,8 +148,9 @@ class MegatronModel(TrainingModel):
 
 
 def _copy_whole_weights(model: MegatronCausalLM, parallel: Parallelism, whole: Mapping[str, torch.Tensor]) -> None:
-    """Copy whole megatron-named tensors into this rank's shards of the model's weights."""
-    _copy_whole(model, parallel, dict(model.gpt.named_parameters()), whole, "checkpoint")
+    """Copy whole megatron-named tensors into this rank's shards of the model's weights (its stage's layers)."""
+    own = {model.stage.global_name(name): param for name, param in model.gpt.named_parameters()}
+    _copy_whole(model, parallel, own, whole, "checkpoint")
 
 
 def _copy_whole(
@@ -153,11 +160,15 @@ def _copy_whole(
     whole: Mapping[str, torch.Tensor],
     what: str,
 ) -> None:
-    """Copy each whole tensor into this rank's part of ``own``'s tensor of that name; all are checked first."""
-    missing, unexpected = sorted(set(own) - set(whole)), sorted(set(whole) - set(own))
+    """Copy each whole tensor into this rank's part of ``own``'s tensor of that name; all are checked first.
+
+    ``whole`` holds every pipeline stage's tensors; each stage copies its own.
+    """
+    every = set(names_over_stages(sorted(own), model.stage)) if model.stage.size > 1 else set(own)
+    missing, unexpected = sorted(every - set(whole)), sorted(set(whole) - every)
     if missing or unexpected:
         raise ConfigurationError(f"{what} does not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    parts = {name: parallel.local_part(model, own[name], tensor) for name, tensor in whole.items()}
+    parts = {name: parallel.local_part(model, own[name], tensor) for name, tensor in whole.items() if name in own}
     wrong = [name for name, part in parts.items() if part.shape != own[name].shape]
     if wrong:
         raise ConfigurationError(f"{what} does not fit the model: other shapes for {wrong[:3]}")

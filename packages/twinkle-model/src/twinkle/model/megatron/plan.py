@@ -1,4 +1,4 @@
-"""Tensor parallelism (with data parallelism over it) for :class:`MegatronModel`, on torch.distributed.
+"""Tensor and pipeline parallelism (with data parallelism over them) for :class:`MegatronModel`, on torch.distributed.
 
 Every rank of a tensor-parallel group sees the same samples and holds its shards of the weights
 (megatron-core's layers do their own collectives in forward and backward); the data-parallel groups
@@ -8,6 +8,11 @@ LoRA ``A`` on column-parallel layers), marked ``partial_over_tensor_parallel``, 
 gradients over the tensor-parallel group; then every gradient is averaged over the
 data-parallel group, as DDP would (``gradient_share`` turns the average back into the global batch's).
 Norms count each shard once; checkpoints gather the shards whole and loads cut them again.
+
+Pipeline stages (``pp_size``, see :mod:`.pipeline`) see the same samples too: each holds its own layers,
+whose norms add over the stages; the weights every stage holds (the word embeddings) get their gradient
+summed over the stages and count once. Checkpoints join the stages' layers under the model's layer
+numbers, and optimizer states are numbered as one process numbers them, so any layout resumes any other.
 """
 
 from __future__ import annotations
@@ -22,22 +27,31 @@ from megatron.core import parallel_state, tensor_parallel
 from twinkle.errors import ConfigurationError
 from twinkle.infra import DeviceMesh
 from twinkle.model.megatron.conversion import is_sharded, local_part, whole
+from twinkle.model.megatron.pipeline import (
+    PipelineStage,
+    optimizer_names,
+    stage_optimizer_state,
+    stitched_optimizer_state,
+    union_over_stages,
+)
 from twinkle.model.parallel import Parallelism
 from twinkle.model.parallel import tensors as distributed
 from twinkle.model.parallel.tensors import SyncedGradients, clip_finished, map_moments
 
 
-class TensorParallel(Parallelism):
-    """``tp_size`` ranks share each sample's work; ``dp_size`` groups of them share the batch."""
+class MegatronParallel(Parallelism):
+    """``tp_size`` ranks share each layer's work, ``pp_size`` stages the layers; ``dp_size`` groups share the batch."""
 
-    def __init__(self, mesh: DeviceMesh | None, device: torch.device, seed: int = 0) -> None:
+    def __init__(self, mesh: DeviceMesh | None, device: torch.device, num_layers: int, seed: int = 0) -> None:
         if device.type != "cpu" and not torch.cuda.is_available():
             raise ConfigurationError(f"MegatronModel runs on cpu or cuda, got {device}")
         self.device = device
         self.mesh = mesh or DeviceMesh.from_sizes()
-        others = {dim: self.mesh.size(dim) for dim in ("fsdp", "pp", "cp", "ep", "ulysses") if self.mesh.size(dim) > 1}
+        others = {dim: self.mesh.size(dim) for dim in ("fsdp", "cp", "ep", "ulysses") if self.mesh.size(dim) > 1}
         if others:
-            raise ConfigurationError(f"MegatronModel trains with tp_size and dp_size only; this mesh also has {others}")
+            raise ConfigurationError(
+                f"MegatronModel trains with tp_size, pp_size and dp_size only; this mesh also has {others}"
+            )
         _join_process_group(self.mesh, device)
         self.rank = dist.get_rank()
         self.tp_size = self.mesh.size("tp")
@@ -47,6 +61,7 @@ class TensorParallel(Parallelism):
         _initialize_megatron(self.mesh, self.rank, seed)
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.dp_group = parallel_state.get_data_parallel_group()
+        self.stage = PipelineStage.of_this_rank(num_layers)
         self.synced = SyncedGradients()
 
     def sum(self, values: Sequence[float]) -> list[float]:
@@ -59,6 +74,7 @@ class TensorParallel(Parallelism):
         return distributed.all_or_none(self._comm_device)
 
     def sync_gradients(self, model: torch.nn.Module, params: Sequence[torch.nn.Parameter]) -> None:
+        self._sum_over_stages(params)
         for param in params:
             grad = param.grad
             if grad is None or not self.synced.pending(param):
@@ -71,35 +87,57 @@ class TensorParallel(Parallelism):
                 grad.div_(self.data_world_size)
         self.synced.mark(params)
 
+    def _sum_over_stages(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Add up the stages' gradients of the weights every stage holds (only the first stage's are non-zero)."""
+        if self.stage.size == 1:
+            return
+        shared = [param for param in params if getattr(param, "replicated_over_pipeline", False)]
+        # Whether each is pending, as any stage sees it: every stage must join the same all-reduces.
+        pending = torch.tensor([self.synced.pending(param) for param in shared], dtype=torch.int32)
+        dist.all_reduce(pending, op=dist.ReduceOp.MAX, group=self.stage.group)
+        for param, flag in zip(shared, pending.tolist(), strict=True):
+            if flag:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                dist.all_reduce(param.grad, group=self.stage.group)
+
     def clip_grad_norm(self, model: torch.nn.Module, params: Sequence[torch.nn.Parameter], max_norm: float) -> float:
         self.sync_gradients(model, params)
         sharded = torch.zeros((), dtype=torch.float64)
         replicated = torch.zeros((), dtype=torch.float64)
         for param in params:
-            if param.grad is not None:
-                squared = param.grad.detach().double().pow(2).sum().cpu()
-                if is_sharded(param):
-                    sharded += squared
-                else:
-                    replicated += squared
+            if param.grad is None or (getattr(param, "replicated_over_pipeline", False) and not self.stage.is_first):
+                continue  # a weight every stage holds counts once
+            squared = param.grad.detach().double().pow(2).sum().cpu()
+            if is_sharded(param):
+                sharded += squared
+            else:
+                replicated += squared
         if self.tp_size > 1:
             dist.all_reduce(sharded, group=self.tp_group)
-        norm = float((sharded + replicated).sqrt())
+        total = sharded + replicated
+        if self.stage.size > 1:
+            dist.all_reduce(total, group=self.stage.group)
+        norm = float(total.sqrt())
         clip_finished(params, norm, max_norm, self.synced)
         return norm
 
     def gathered(self, model: torch.nn.Module, tensors: dict[str, Any]) -> dict[str, Any]:
         params = {param.data_ptr(): param for param in model.parameters()}
-        return {
-            key: whole(value, params[value.data_ptr()], self.tp_group, self.tp_size)
+        joined = {
+            self.stage.global_name(key): whole(value, params[value.data_ptr()], self.tp_group, self.tp_size)
             if torch.is_tensor(value) and value.data_ptr() in params
             else value
             for key, value in tensors.items()
         }
+        return joined if self.stage.size == 1 else union_over_stages(joined, self.stage)
 
     def gathered_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         group, size = self.tp_group, self.tp_size
-        return map_moments(optimizer.state_dict(), optimizer, lambda value, param: whole(value, param, group, size))
+        state = map_moments(optimizer.state_dict(), optimizer, lambda value, param: whole(value, param, group, size))
+        if self.stage.size == 1:
+            return state
+        return stitched_optimizer_state(state, optimizer_names(model, optimizer, self.stage), self.stage)
 
     def local_part(self, model: torch.nn.Module, param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
         return local_part(full, param, self.tp_rank, self.tp_size)
@@ -108,6 +146,8 @@ class TensorParallel(Parallelism):
         self, model: torch.nn.Module, state: dict[str, Any], optimizer: torch.optim.Optimizer
     ) -> dict[str, Any]:
         rank, size = self.tp_rank, self.tp_size
+        if self.stage.size > 1:
+            state = stage_optimizer_state(state, optimizer_names(model, optimizer, self.stage), self.stage)
         return map_moments(state, optimizer, lambda value, param: local_part(value, param, rank, size))
 
     @property
@@ -127,12 +167,16 @@ def _join_process_group(mesh: DeviceMesh, device: torch.device) -> None:
 
 def _initialize_megatron(mesh: DeviceMesh, rank: int, seed: int) -> None:
     """megatron-core's groups for this mesh (once per process), checked against the mesh's own."""
-    tp_size = mesh.size("tp")
+    tp_size, pp_size = mesh.size("tp"), mesh.size("pp")
     if parallel_state.model_parallel_is_initialized():
-        if parallel_state.get_tensor_model_parallel_world_size() != tp_size:
+        running = (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+        )
+        if running != (tp_size, pp_size):
             raise ConfigurationError(
-                f"this process already runs megatron-core with tp_size="
-                f"{parallel_state.get_tensor_model_parallel_world_size()}; one MegatronModel layout per process"
+                f"this process already runs megatron-core with tp_size={running[0]}, pp_size={running[1]}; one "
+                "MegatronModel layout per process"
             )
         return
     if mesh.world_size != dist.get_world_size():
@@ -140,9 +184,13 @@ def _initialize_megatron(mesh: DeviceMesh, rank: int, seed: int) -> None:
             f"the device_mesh spans {mesh.world_size} ranks but this is one of {dist.get_world_size()} processes: "
             f"launch with torchrun --nproc_per_node {mesh.world_size}"
         )
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp_size)
-    expected = mesh.group_ranks("tp", rank)
-    actual = dist.get_process_group_ranks(parallel_state.get_tensor_model_parallel_group())
-    if sorted(actual) != expected:  # both put tensor-parallel ranks innermost; a change would corrupt shards
-        raise ConfigurationError(f"megatron-core's tensor-parallel group {actual} differs from the mesh's {expected}")
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp_size, pipeline_model_parallel_size=pp_size)
+    # Both put tensor-parallel ranks innermost and pipeline stages outermost; a change would corrupt shards.
+    for dim, group in (
+        ("tp", parallel_state.get_tensor_model_parallel_group()),
+        ("pp", parallel_state.get_pipeline_model_parallel_group()),
+    ):
+        expected, actual = mesh.group_ranks(dim, rank), dist.get_process_group_ranks(group)
+        if sorted(actual) != expected:
+            raise ConfigurationError(f"megatron-core's {dim} group {actual} differs from the mesh's {expected}")
     tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True)
