@@ -30,6 +30,9 @@ COVERED_BY = {
     "rl/grpo_ray.py": "integration-tests/test_ray_grpo.py",
     "rl/multi_turn_tools.py": "integration-tests/test_cookbooks.py",
     "mm/clevr_sft.py": "integration-tests/test_cookbooks.py",
+    "mm/clevr_grpo.py": "integration-tests/test_cookbooks.py",
+    "client/twinkle/self_host/multi_modal.py": "integration-tests/server/test_images.py",
+    "client/tinker/self_host/multi_modal.py": "integration-tests/server/test_images.py",
     **{
         f"client/{client}/self_host/{script}": "integration-tests/server/test_client_cookbooks.py"
         for client, scripts in {
@@ -131,3 +134,20 @@ def test_vision_language_sft_answers_held_out_image_questions_better_than_withou
     after, majority, per_type = float(accuracy[2]), float(accuracy[3]), float(accuracy[4])
     assert (majority, per_type) == (0.175, 0.315)  # fixed by the embedded data set
     assert after > per_type + 0.1, completed.stdout[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_image_grpo_trains_a_vision_tower_adapter_on_the_samplers_logprobs(tmp_path):
+    knobs = {"WARMUP_STEPS": "6", "MAX_STEPS": "2", "BATCH_SIZE": "4", "NUM_GENERATIONS": "4"}
+    completed = run_cookbook("mm/clevr_grpo.py", tmp_path, {**knobs, "MINI_BATCH_SIZE": "16", "MAX_NEW_TOKENS": "3"})
+    logs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(logs) == 2
+    for log in logs:
+        assert log["reward/total/mean"] == log["reward/accuracy/mean"] and 0.0 <= log["reward/total/mean"] <= 1.0
+        assert log["logprob_mismatch/num_tokens"] > 0 and log["logprob_mismatch/max_abs"] <= 1e-4
+    assert re.search(r"^mean reward: first 10 steps \S+ -> last 10 steps \S+ ", completed.stdout, re.M)
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "grpo-clevr-checkpoint" / "adapter_model.safetensors", "pt") as adapter:
+        assert any(".visual." in key for key in adapter.keys())  # noqa: SIM118  # the vision tower's adapter trained and was served

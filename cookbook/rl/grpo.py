@@ -18,7 +18,8 @@ model and the sampler as Ray actors.
 
 The recipe builds its parts from the classes in a ``Components``: twinkle's here,
 twinkle_client's in cookbook/client/twinkle/self_host/short_math_grpo.py, which
-runs this same ``main`` on a Twinkle server.
+runs this same ``main`` on a Twinkle server. What it learns is a ``Task`` (data,
+preprocessor, rewards): GSM8K here, image questions in cookbook/mm/clevr_grpo.py.
 
 ``SAMPLER=vllm`` samples with ``vLLMSampler`` (extra ``twinkle-sampler[vllm]``;
 ``make test-vllm``'s venv has the CPU build). vLLM's CPU attention runs no
@@ -31,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -95,20 +97,35 @@ def local_components() -> Components:
     )
 
 
-def create_dataset(components: Components, for_sampling: bool) -> Dataset:
-    """Prompts to sample from (RL), or prompts with worked solutions (warm-up).
+@dataclass(frozen=True)
+class Task:
+    """What the recipe learns: a data set, its preprocessor and the rewards (the total is their mean)."""
 
-    No system prompt: the tiny model cannot follow instructions anyway, and
-    shorter prompts make every step cheaper.
-    """
-    dataset = components.Dataset(components.DatasetMeta("builtin://gsm8k-mini"))
+    name: str
+    data_id: str
+    preprocessor: Callable[[bool], Any]  # for_sampling -> a preprocessor: prompts only, or with solutions
+    rewards: dict[str, Any]  # reward name -> a completion reward (a callable over trajectories)
+
+
+# No system prompt: the tiny model cannot follow instructions anyway, and shorter prompts make every step cheaper.
+GSM8K = Task(
+    "gsm8k",
+    "builtin://gsm8k-mini",
+    lambda for_sampling: GSM8KProcessor(system=None, include_solution=not for_sampling),
+    {"format": GSM8KFormatReward(), "accuracy": GSM8KAccuracyReward()},
+)
+
+
+def create_dataset(components: Components, for_sampling: bool, task: Task = GSM8K) -> Dataset:
+    """Prompts to sample from (RL), or prompts with worked solutions (warm-up)."""
+    dataset = components.Dataset(components.DatasetMeta(task.data_id))
     dataset.set_template("Template", model_id=MODEL_ID, max_length=256, enable_thinking=False)
-    dataset.map(GSM8KProcessor(system=None, include_solution=not for_sampling))
+    dataset.map(task.preprocessor(for_sampling))
     dataset.encode(add_generation_prompt=for_sampling)
     return dataset
 
 
-def warm_up_checkpoint(components: Components, **placement: Any) -> str:
+def warm_up_checkpoint(components: Components, task: Task = GSM8K, **placement: Any) -> str:
     """A full-parameter SFT checkpoint on worked solutions, trained once and reused.
 
     ``placement`` (``remote_group=``, ``device_mesh=``) puts the model on a device group in Ray mode.
@@ -122,9 +139,9 @@ def warm_up_checkpoint(components: Components, **placement: Any) -> str:
             return file.read()
     model = components.TransformersModel(model_id=model_id, **placement)
     model.set_optimizer("AdamW", lr=WARMUP_LR)
-    warm_up_data = create_dataset(components, for_sampling=False)
+    warm_up_data = create_dataset(components, for_sampling=False, task=task)
     dataloader = components.DataLoader(dataset=warm_up_data, batch_size=16, shuffle=True, seed=SEED)
-    batches = iter(dataloader)
+    batches = endless(dataloader)
     for _ in tqdm(range(WARMUP_STEPS), desc="SFT warm-up"):
         model.forward_backward(inputs=next(batches))
         model.clip_grad_and_step()
@@ -135,6 +152,12 @@ def warm_up_checkpoint(components: Components, **placement: Any) -> str:
     return checkpoint
 
 
+def endless(dataloader: Any) -> Iterator[Any]:
+    """The dataloader's batches, epoch after epoch."""
+    while True:
+        yield from dataloader
+
+
 def initial_model() -> str:
     """MODEL_ID; for vLLM on the default model, its build with heads 32 wide (vLLM's CPU attention minimum)."""
     if SAMPLER == "vllm" and MODEL_ID == "builtin://qwen3-tiny":
@@ -142,14 +165,14 @@ def initial_model() -> str:
     return MODEL_ID
 
 
-def compute_rewards(trajectories: list) -> tuple[list[float], list[float], list[float]]:
-    accuracy = GSM8KAccuracyReward()(trajectories)
-    format_ = GSM8KFormatReward()(trajectories)
-    total = [(a + f) / 2 for a, f in zip(accuracy, format_, strict=True)]
-    return total, format_, accuracy
+def compute_rewards(trajectories: list, task: Task = GSM8K) -> dict[str, list[float]]:
+    """Every reward of ``task`` per trajectory, and their mean as ``total``."""
+    parts = {name: reward(trajectories) for name, reward in task.rewards.items()}
+    total = [sum(values) / len(values) for values in zip(*parts.values(), strict=True)]
+    return {"total": total, **parts}
 
 
-def save_reward_curve(rewards: list[float], path: str) -> None:
+def save_reward_curve(rewards: list[float], path: str, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -160,7 +183,7 @@ def save_reward_curve(rewards: list[float], path: str) -> None:
     plt.xlabel("GRPO step")
     plt.ylabel("mean reward")
     plt.ylim(0, 1)
-    plt.title("GRPO on gsm8k-mini")
+    plt.title(title)
     plt.tight_layout()
     plt.savefig(path, dpi=120)
     plt.close()
@@ -190,17 +213,19 @@ def build_sampler(components: Components, base_model: str, **placement: Any) -> 
     return sampler
 
 
-def train(components: Components, model: TransformersModel, sampler: TorchSampler, started: float) -> None:
+def train(
+    components: Components, model: TransformersModel, sampler: TorchSampler, started: float, task: Task = GSM8K
+) -> None:
     """The GRPO loop and its report: the same code whether model and sampler run here, as Ray actors or on a server."""
     ckpt_manager = components.CheckpointEngineManager(model=model, sampler=sampler)
-    prompts_data = create_dataset(components, for_sampling=True)
+    prompts_data = create_dataset(components, for_sampling=True, task=task)
     dataloader = components.DataLoader(dataset=prompts_data, batch_size=BATCH_SIZE, shuffle=True, seed=SEED)
     advantage_fn = GRPOAdvantage()
     metrics, mismatch = CompletionRewardMetric(), LogprobMismatchMetric()
     reward_curve: list[float] = []
     step_logs: list[dict] = []
     progress = tqdm(total=MAX_STEPS, desc="GRPO")
-    batches = iter(dataloader)
+    batches = endless(dataloader)
     while len(reward_curve) < MAX_STEPS:
         prompts = next(batches)
         ckpt_manager.sync_weights(merge_and_sync=False)  # LoRA tensors only
@@ -208,14 +233,11 @@ def train(components: Components, model: TransformersModel, sampler: TorchSample
         response = sampler.sample(prompts, sampling_params, adapter_name=ADAPTER_NAME, num_samples=NUM_GENERATIONS)
         inputs = [sequence.new_input_feature for sequence in response.sequences]
         old_logps = [sequence.logprobs for sequence in response.sequences]
-        total, format_, accuracy = compute_rewards(inputs)
+        rewards = compute_rewards(inputs, task)
         metrics.reset()
-        metrics.accumulate(
-            completion_lengths=[len(s.tokens) for s in response.sequences],
-            rewards={"total": total, "format": format_, "accuracy": accuracy},
-        )
+        metrics.accumulate(completion_lengths=[len(s.tokens) for s in response.sequences], rewards=rewards)
         # num_samples=NUM_GENERATIONS keeps each prompt's completions together (contiguous groups).
-        advantages = advantage_fn(total, num_generations=NUM_GENERATIONS, scale="group").tolist()
+        advantages = advantage_fn(rewards["total"], num_generations=NUM_GENERATIONS, scale="group").tolist()
         for start in range(0, len(inputs), MINI_BATCH_SIZE):
             end = start + MINI_BATCH_SIZE
             output = model.forward_backward(
@@ -233,18 +255,14 @@ def train(components: Components, model: TransformersModel, sampler: TorchSample
         reward_curve.append(log["reward/total/mean"])
         step_logs.append(log)
         progress.update()
-        progress.set_postfix(
-            reward=f"{log['reward/total/mean']:.2f}",
-            format=f"{log['reward/format/mean']:.2f}",
-            accuracy=f"{log['reward/accuracy/mean']:.2f}",
-        )
+        progress.set_postfix({name: f"{log[f'reward/{name}/mean']:.2f}" for name in rewards})
     progress.close()
 
     os.makedirs(OUTPUT_DIR, exist_ok=True)
     with open(os.path.join(OUTPUT_DIR, "metrics.jsonl"), "w") as file:  # every step's metrics, a JSON line each
         file.writelines(json.dumps(log, default=float) + "\n" for log in step_logs)
-    save_reward_curve(reward_curve, os.path.join(OUTPUT_DIR, "reward.png"))
-    checkpoint = model.save("grpo-gsm8k-checkpoint", output_dir=OUTPUT_DIR)
+    save_reward_curve(reward_curve, os.path.join(OUTPUT_DIR, "reward.png"), f"GRPO on {task.data_id}")
+    checkpoint = model.save(f"grpo-{task.name}-checkpoint", output_dir=OUTPUT_DIR)
     first, last = reward_curve[:10], reward_curve[-10:]
     print(
         f"mean reward: first 10 steps {sum(first) / len(first):.3f} -> last 10 steps {sum(last) / len(last):.3f} "
@@ -254,11 +272,11 @@ def train(components: Components, model: TransformersModel, sampler: TorchSample
     print(f"last completion: {response.sequences[-1].decoded!r}")
 
 
-def main(components: Components) -> None:
+def main(components: Components, task: Task = GSM8K) -> None:
     twinkle.initialize(seed=SEED)
     started = time.perf_counter()
-    base_model = warm_up_checkpoint(components)
-    train(components, build_model(components, base_model), build_sampler(components, base_model), started)
+    base_model = warm_up_checkpoint(components, task)
+    train(components, build_model(components, base_model), build_sampler(components, base_model), started, task)
 
 
 def _completion_logps(output, inputs) -> list[list[float]]:
