@@ -17,12 +17,14 @@ PYPROJECTS := $(wildcard packages/*/pyproject.toml kernels/pyproject.toml) requi
 	integration-tests/server/requirements-tinker-cookbook.txt
 
 # vLLM's own venv for `make test-vllm` (see packages/twinkle-sampler/requirements-vllm-cpu.txt); only the
-# distributions the sampler's tests and cookbooks import, installed editable.
+# distributions, installed editable (the server with its Tinker API, for the server's vLLM tests).
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.twinkle-installed
 VLLM_REQUIREMENTS := packages/twinkle-sampler/requirements-vllm-cpu.txt
-VLLM_EDITABLES := $(foreach p,$(filter-out packages/twinkle-all/ packages/twinkle-server/,$(PACKAGES)),-e $(p))
+VLLM_EDITABLES := $(foreach p,$(filter-out packages/twinkle-all/ packages/twinkle-server/,$(PACKAGES)),-e $(p)) \
+	-e 'packages/twinkle-server[tinker]'
+VLLM_TESTS := packages/twinkle-sampler/tests $(wildcard packages/twinkle-server/tests/test_vllm_*.py)
 
 .PHONY: install demo test test-vllm lint clean
 
@@ -44,20 +46,21 @@ demo: install
 # Every test in TEST_WORKERS processes (pytest-xdist), a test file per worker at a time. The integration tests
 # can share the machine: each starts its servers on free 127.0.0.1 ports and its own private Ray.
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile packages kernels integration-tests $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 packages kernels integration-tests $(PYTEST_ARGS)
 
-# The vLLM sampler's tests (marker `vllm`) against the real engine on CPU, in .venv-vllm (created on first use,
-# reinstalled only when a pyproject or the vLLM requirements change). `make test` skips them: no vllm there.
+# The vLLM sampler's tests (marker `vllm`) against the real engine on CPU, the server's with `sampler: vllm`
+# among them, in .venv-vllm (created on first use, reinstalled only when a pyproject, the vLLM requirements or
+# this Makefile's list of what goes in change). `make test` skips them: no vllm there.
 test-vllm: $(VLLM_STAMP)
-	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) -m pytest -p no:cacheprovider -m vllm packages/twinkle-sampler/tests $(PYTEST_ARGS)
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) -m pytest -p no:cacheprovider -m vllm $(VLLM_TESTS) $(PYTEST_ARGS)
 
-$(VLLM_STAMP): $(wildcard packages/*/pyproject.toml kernels/pyproject.toml) $(VLLM_REQUIREMENTS)
+$(VLLM_STAMP): $(wildcard packages/*/pyproject.toml kernels/pyproject.toml) $(VLLM_REQUIREMENTS) Makefile
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install --quiet --upgrade pip
 	$(VLLM_PY) -m pip install --quiet -r $(VLLM_REQUIREMENTS)
 	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	$(VLLM_PY) -m pip install --quiet $(VLLM_EDITABLES)
-	$(VLLM_PY) -c "import vllm, twinkle.sampler"
+	$(VLLM_PY) -c "import vllm, twinkle.sampler, twinkle.server.tinker.app"
 	touch $(VLLM_STAMP)
 
 # Lint every file, then type-check every package's src/ ([tool.mypy] in pyproject.toml; cache in .mypy_cache).

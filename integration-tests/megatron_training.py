@@ -29,7 +29,7 @@ from twinkle.model.megatron import MegatronModel
 MODEL = "builtin://qwen3-tiny"
 
 
-def _model(mesh: DeviceMesh | None, lora: bool) -> MegatronModel:
+def make_model(mesh: DeviceMesh | None, lora: bool) -> MegatronModel:
     model = MegatronModel(MODEL, device="cpu", dtype=torch.float64, device_mesh=mesh)
     if lora:
         model.add_adapter_to_model("default", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"), seed=0)
@@ -43,7 +43,7 @@ def run(mesh: DeviceMesh | None, lora: bool, output_dir: Path) -> dict[str, Any]
     data_ranks = mesh.data_world_size if mesh is not None else 1
     rank = mesh.data_rank(int(os.environ["RANK"])) if mesh is not None else 0
     batch = features[rank::data_ranks]  # each data-parallel rank's share; tensor-parallel ranks share theirs
-    return train_save_resume(lambda: _model(mesh, lora), batch, output_dir, after=3)
+    return train_save_resume(lambda: make_model(mesh, lora), batch, output_dir, after=3)
 
 
 def main(layout: str, output_dir: Path) -> None:

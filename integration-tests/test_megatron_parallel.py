@@ -27,7 +27,8 @@ from transformers import AutoModelForCausalLM
 pytest.importorskip("megatron.core", reason="needs twinkle-model[megatron]")
 sys.path.insert(0, str(Path(__file__).parent))
 from conversations import encoded_conversations
-from megatron_training import MODEL, run
+from megatron_training import MODEL, make_model, run
+from resumed_training import steps
 from torchrun_harness import CPU_ONLY, TIMEOUT_S, free_port
 
 from twinkle.hub import resolve_model
@@ -92,3 +93,12 @@ def test_model_parallel_checkpoints_load_in_plain_transformers(runs, layout, kin
     for split, alone in zip(*logits, strict=True):
         assert torch.allclose(split, alone, atol=1e-8, rtol=0), float((split - alone).abs().max())
     assert not torch.allclose(logits[0][0], before, atol=1e-3)  # the steps were saved
+
+
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_a_pipeline_parallel_checkpoint_resumes_in_one_process(runs, kind):
+    """The PP=2 step-2 checkpoint (each stage's layers and optimizer state, joined) resumes here, unsplit."""
+    model = make_model(None, kind == "lora")
+    model.resume_from_checkpoint(Path(runs["pp"][kind]["final"]).parent / "step-2")
+    losses, _ = steps(model, encoded_conversations(MODEL), 3)
+    assert losses == pytest.approx(runs["pp"][kind]["losses"][2:], **TOL)

@@ -182,7 +182,13 @@ def test_model_options_reach_the_models_the_server_builds(tmp_path):
     from twinkle.server.services.pool import ModelPool
 
     config = load_config(_write(tmp_path, "gradient_checkpointing: true\nkernels: true\n"))
-    assert config.model_options == {"gradient_checkpointing": True, "kernels": True, "record_routing": False}
+    assert config.model_options == {
+        "gradient_checkpointing": True,
+        "kernels": True,
+        "record_routing": False,
+        "sampler": "torch",
+        "sampler_args": {},
+    }
     pool = ModelPool(config.model_id, 2, 8, "cpu", config.model_options)
     assert pool.model.model.is_activation_checkpointing
     report = get_kernel_report(pool.model.model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import yaml
 
 from twinkle.errors import ConfigurationError
 from twinkle.server.config import Quotas, check_config, load_config
+from twinkle.server.config_layout import from_applications_layout
 
 LAYOUT = """
 proxy_location: EveryNode
@@ -96,19 +98,26 @@ def test_one_model_replica_runs_in_the_server_process(tmp_path):
 def test_what_the_server_does_not_have_yet_is_named_with_its_issue(tmp_path):
     data = _layout()
     data["use_megatron"] = True
-    sampler = _app(data, "sampler")["args"]
-    sampler["sampler_type"] = "vllm"
-    sampler["engine_args"] = {"gpu_memory_utilization": 0.5}
     _app(data, "model")["args"]["backend"] = "megatron"
     problems = check_config(_write(tmp_path, data))
     assert "use_megatron: the Megatron back-end is not available yet (issue 17); use backend: transformers" in problems
     assert _has(problems, "applications[1].args.backend: the Megatron back-end")
-    assert (
-        "applications[2].args.sampler_type: sampling with vLLM in the server is not available yet (issue 19); "
-        "use sampler_type: torch" in problems
-    )
-    assert _has(problems, "applications[2].args.engine_args: vLLM engine options")
-    assert len(problems) == 4
+    assert len(problems) == 2
+
+
+def test_a_vllm_sampler_application_means_sampler_vllm_with_its_engine_args(tmp_path):
+    data = _layout()
+    sampler = _app(data, "sampler")["args"]
+    sampler["sampler_type"] = "vllm"
+    sampler["engine_args"] = {"gpu_memory_utilization": 0.5}
+    native, problems = from_applications_layout(data, "builtin://qwen3-tiny")
+    assert (native["sampler"], native["sampler_args"]) == ("vllm", {"engine_args": {"gpu_memory_utilization": 0.5}})
+    assert problems == []
+    if importlib.util.find_spec("vllm") is None:  # this venv: the config names the extra to install
+        assert check_config(_write(tmp_path, data)) == [
+            "sampler: 'vllm' needs vLLM, which is not installed: pip install 'twinkle-sampler[vllm]' "
+            "(or use sampler: torch)"
+        ]
 
 
 def test_every_unsupported_key_is_a_problem_naming_its_path(tmp_path):

@@ -25,6 +25,7 @@ from twinkle.registry import build
 from twinkle.utils import get_logger
 from twinkle_client.components import merged_spec
 from twinkle_client.context import CHECKPOINT_SCHEME, check_base_model, get_client
+from twinkle_client.images import images_by_value
 from twinkle_client.lora import LoraConfig, lora_config_dict
 from twinkle_client.sampler import sample_request
 
@@ -223,6 +224,8 @@ class TransformersModel:
     # ------------------------------------------------------------------ internals
 
     def _call(self, method: str, adapter_name: str | None, **kwargs: Any) -> Any:
+        if "inputs" in kwargs:  # trajectories' images travel by value
+            kwargs["inputs"] = images_by_value(kwargs["inputs"])
         return self._client.call(self.run_id(adapter_name), method, **kwargs)
 
     def _set(

@@ -19,6 +19,7 @@ from twinkle.utils import get_logger
 from twinkle_client.components import merged_spec
 from twinkle_client.context import CHECKPOINT_SCHEME, check_base_model, get_client
 from twinkle_client.http import TwinkleClient
+from twinkle_client.images import images_by_value
 
 if TYPE_CHECKING:
     from twinkle_client.model import TransformersModel
@@ -154,7 +155,7 @@ def sample_request(
 ) -> SampleResponse:
     """``POST /sample`` and wait for the completions (``base_model``: a checkpoint to sample without a run)."""
     body: dict[str, Any] = {
-        "inputs": inputs,
+        "inputs": images_by_value(inputs),  # a trajectory's images as data URIs
         "sampling_params": params.to_dict(),
         "num_samples": params.num_samples if num_samples is None else num_samples,
     }

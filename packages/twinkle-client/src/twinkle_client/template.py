@@ -13,6 +13,7 @@ from typing import Any
 from twinkle.data_format import InputFeature, Trajectory
 from twinkle_client.components import component_spec
 from twinkle_client.context import get_client
+from twinkle_client.images import images_by_value
 
 
 class Template:
@@ -49,7 +50,7 @@ class Template:
     ) -> list[InputFeature | None]:
         body = {
             "template": self.spec,
-            "trajectories": list(trajectories),
+            "trajectories": images_by_value(list(trajectories)),  # images as data URIs
             "add_generation_prompt": add_generation_prompt,
         }
         return get_client().request("POST", "/templates/encode", body)["features"]

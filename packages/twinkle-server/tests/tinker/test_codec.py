@@ -18,13 +18,8 @@ from tinker.proto.response_conv import deserialize_forward_backward_output, dese
 from tinker.types._pydantic_types.tensor_data import TensorData as JsonTensorData
 
 from twinkle.errors import InvalidInputError
-from twinkle.server.tinker.codec import (
-    SampledSeq,
-    datum_from_json,
-    decode_forward_backward,
-    encode_forward_backward_output,
-    encode_sample_response,
-)
+from twinkle.server.tinker.codec import datum_from_json, decode_forward_backward, encode_forward_backward_output
+from twinkle.server.tinker.sampling import SampledSeq, encode_sample_response
 
 
 def request(
@@ -320,7 +315,7 @@ def _set_config(msg: pb.ForwardBackwardRequest) -> None:
         (_set_csr_crow, "data[2].loss_fn_inputs['weights']: CSR crow_indices must be 7 non-decreasing"),
         (_set_csr_order, "data[2].loss_fn_inputs['weights']: CSR col_indices must increase strictly"),
         (_set_csr_shape, "data[2].loss_fn_inputs['weights']: a sparse CSR tensor needs a 2-D shape"),
-        (_set_image, "data[1].model_input[0]: image chunks are not supported: this server serves text-only"),
+        (_set_image, "data[1].model_input[0].format: must be one of ('png', 'jpeg'), got ''"),
         (_set_dmel, "data[0].model_input[1]: dmel chunks are not supported"),
         (_set_empty_chunk, "data[1].model_input[1]: empty chunk"),
         (_set_no_tokens, "data[1].model_input: has no tokens"),
@@ -336,11 +331,30 @@ def test_malformed_requests_name_the_field(mutate: Callable[[pb.ForwardBackwardR
         decode_forward_backward(msg.SerializeToString())
 
 
-def test_image_chunk_from_the_sdk() -> None:
+def test_image_chunks_stay_encoded_at_their_offset_on_both_paths() -> None:
     image = types.ImageChunk(data=b"\x89PNG", format="png", expected_tokens=2)
-    datum = types.Datum(model_input=types.ModelInput(chunks=[image]), loss_fn_inputs={"target_tokens": [1, 2]})
-    with pytest.raises(InvalidInputError, match=re.escape("data[0].model_input[0]: image chunks are not supported")):
-        decode_forward_backward(request([datum]).SerializeToString())
+    text = types.EncodedTextChunk(tokens=[5, 6, 7])
+    model_input = types.ModelInput(chunks=[text, image, types.EncodedTextChunk(tokens=[8])])
+    datum = types.Datum(model_input=model_input, loss_fn_inputs={"target_tokens": [1] * 6})
+    (proto,) = decode_forward_backward(request([datum]).SerializeToString()).data
+    json_datum = datum_from_json({"model_input": model_input.model_dump(mode="json"), "loss_fn_inputs": {}})
+    for decoded, where in ((proto, "data[0].model_input[1]"), (json_datum, "data[0].model_input.chunks[1]")):
+        assert decoded.tokens.tolist() == [5, 6, 7, 8]  # text only, until the server expands the image
+        (wire,) = decoded.images
+        assert (wire.offset, wire.data, wire.format, wire.expected_tokens, wire.where) == (
+            3,
+            b"\x89PNG",
+            "png",
+            2,
+            where,
+        )
+
+
+def test_image_asset_pointers_are_refused_naming_the_chunk() -> None:
+    pointer = {"type": "image_asset_pointer", "format": "png", "location": "s3://bucket/cat.png"}
+    datum = {"model_input": {"chunks": [{"type": "encoded_text", "tokens": [1]}, pointer]}, "loss_fn_inputs": {}}
+    with pytest.raises(InvalidInputError, match=re.escape("data[0].model_input.chunks[1]: image_asset_pointer")):
+        datum_from_json(datum)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ feature whose first label is ignored survives a round trip exactly.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,13 +29,17 @@ if TYPE_CHECKING:
     from tinker import types as tinker_types
 
 
-def input_feature_to_datum(feature: Mapping[str, Any]) -> tinker_types.Datum:
+def input_feature_to_datum(feature: Mapping[str, Any], images: Sequence[bytes] | None = None) -> tinker_types.Datum:
     """A Tinker ``Datum`` (``target_tokens`` int64, ``weights`` float32) that trains what ``feature`` trains.
 
     Labels come from ``labels``, else from ``loss_mask``, else nothing is trained
     (the rule of Twinkle's own collation). Raises ``InvalidInputError`` for
     fewer than two tokens, labels other than the token itself or ``-100``, and
     padded or packed features (a datum is one unpadded sequence).
+
+    A vision-language feature (``mm_token_type_ids``) needs its ``images`` as encoded PNG or JPEG bytes, in
+    order: each run of image tokens becomes an image chunk of that image, with ``expected_tokens`` the run's
+    length, which the server checks against its image processor.
     """
     types = require_tinker().types
     checked = validate_input_feature(feature, where="feature")
@@ -48,7 +52,7 @@ def input_feature_to_datum(feature: Mapping[str, Any]) -> tinker_types.Datum:
     labels = unshifted_labels(checked, "feature")
     weights = [0.0 if label == IGNORE_INDEX else 1.0 for label in labels[1:]]
     return types.Datum(
-        model_input=types.ModelInput.from_ints(ids[:-1]),
+        model_input=_model_input(ids[:-1], checked.get("mm_token_type_ids"), images),
         loss_fn_inputs={
             "target_tokens": np.asarray(ids[1:], dtype=np.int64),
             "weights": np.asarray(weights, dtype=np.float32),
@@ -89,6 +93,34 @@ def datum_to_input_feature(datum: tinker_types.Datum) -> InputFeature:
     trained = [True] * len(inputs) if weights is None else [_trained(w, t) for t, w in enumerate(weights.tolist())]
     labels = [IGNORE_INDEX] + [token if keep else IGNORE_INDEX for token, keep in zip(target_ids, trained, strict=True)]
     return make_input_feature([*inputs, target_ids[-1]], labels)
+
+
+def _model_input(ids: list[int], types_: list[int] | None, images: Sequence[bytes] | None) -> Any:
+    """Text chunks, with an image chunk for each run of image tokens (``types_[t] == 1``)."""
+    types = require_tinker().types
+    runs = [t for t in range(len(ids)) if types_ and types_[t] == 1 and (t == 0 or types_[t - 1] == 0)]
+    images = list(images or [])
+    if len(runs) != len(images):
+        raise InvalidInputError(
+            f"feature holds {len(runs)} image(s) (runs of mm_token_type_ids 1) but {len(images)} were given: "
+            "pass each image's encoded bytes, in order"
+        )
+    chunks: list[Any] = []
+    start = 0
+    for run, image in zip(runs, images, strict=True):
+        end = run
+        while end < len(ids) and types_ is not None and types_[end] == 1:
+            end += 1
+        fmt = "png" if image.startswith(b"\x89PNG") else "jpeg" if image.startswith(b"\xff\xd8") else None
+        if fmt is None:
+            raise InvalidInputError("images must be encoded PNG or JPEG bytes (what a Tinker image chunk holds)")
+        chunks += [
+            types.EncodedTextChunk(tokens=ids[start:run]),
+            types.ImageChunk(data=image, format=fmt, expected_tokens=end - run),
+        ]
+        start = end
+    chunks.append(types.EncodedTextChunk(tokens=ids[start:]))
+    return types.ModelInput(chunks=[chunk for chunk in chunks if chunk.length])
 
 
 def _check_single_sequence(feature: InputFeature) -> None:

@@ -121,6 +121,19 @@ class Sampler(ABC):
         carrying the conversation (ending with the completion) and ``user_data``
         for rewards.
         """
+        prompts, params, stop = self._prepare(inputs, sampling_params, adapter_name, num_samples, use_base_model)
+        generation = self._generate(prompts, params, stop)
+        return build_response(prompts, generation, stop)
+
+    def _prepare(
+        self,
+        inputs: Any,
+        sampling_params: SamplingParams | None,
+        adapter_name: AdapterSpec,
+        num_samples: int | None,
+        use_base_model: bool,
+    ) -> tuple[list[Prompt], SamplingParams, StopCriteria]:
+        """:meth:`sample`'s arguments checked: the prompts with their adapters, the parameters, the stops."""
         params = sampling_params if sampling_params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidInputError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
@@ -129,8 +142,10 @@ class Sampler(ABC):
         prompts = self._prompts(inputs, adapter_name, use_base_model)
         stop = self._stop_criteria(params)
         self._check_lengths(prompts, params)
-        generation = self._generate(prompts, params, stop)
-        return build_response(prompts, generation, stop)
+        return prompts, params, stop
+
+    def close(self) -> None:  # noqa: B027 (optional: most back-ends hold nothing but memory)
+        """Free what the back-end holds beyond memory (an engine's processes and threads); nothing by default."""
 
     @abstractmethod
     def _generate(self, prompts: list[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:

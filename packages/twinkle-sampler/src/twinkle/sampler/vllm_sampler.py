@@ -19,6 +19,14 @@ slot holds (vLLM 0.32). At start-up a self-test runs a base row alone, then in
 a batch that fills every slot with a random probe adapter; if the row changes,
 every base row is sent through an all-zero adapter instead, which computes the
 base model exactly. The self-test, not the device name, decides.
+
+**Async engine.** ``async_engine=True`` runs vLLM's ``AsyncLLM`` instead of
+``vllm.LLM`` (:mod:`twinkle.sampler.vllm_async`): concurrent :meth:`sample`
+calls (threads, a server's requests) are batched by the engine, and
+:meth:`sample_stream` yields tokens as they are generated. Streaming is
+vLLMSampler's own, not the :class:`Sampler` interface's: TorchSampler decodes a
+whole batch in lock-step inside one call and has no engine serving requests
+as they come, which is what streaming is for.
 """
 
 from __future__ import annotations
@@ -28,22 +36,23 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from twinkle.data_format import SamplingParams, StopReason
+from twinkle.data_format import InputFeature, SamplingParams, Trajectory
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.hub import resolve_model
 from twinkle.infra import DeviceMesh, remote_class
 from twinkle.module import read_adapter_dir, split_lora_state_dict, write_adapter_dir
 from twinkle.registry import register
-from twinkle.sampler.base import Sampler
-from twinkle.sampler.results import Completion, Generation, Prompt, TopK
+from twinkle.sampler.base import AdapterSpec, Sampler
+from twinkle.sampler.results import Generation, Prompt
 from twinkle.sampler.stopping import StopCriteria
 from twinkle.sampler.token_sampling import requested, topk_count
+from twinkle.sampler.vllm_async import AsyncEngine, SampleChunk
 from twinkle.sampler.vllm_engine import (
     WORKER_EXTENSION,
     check_cpu_head_size,
@@ -52,6 +61,7 @@ from twinkle.sampler.vllm_engine import (
     lora_target_suffixes,
     pack,
 )
+from twinkle.sampler.vllm_outputs import chunks, completion, prompt_logprobs, vllm_params
 from twinkle.utils import require
 
 # KV cache a CPU engine gets when neither engine_args nor VLLM_CPU_KVCACHE_SPACE sizes it (vLLM requires a size).
@@ -73,6 +83,8 @@ class vLLMSampler(Sampler):
     ``zero_adapter_for_base`` overrides the start-up self-test (see the module
     docstring): ``True`` always sends base rows through the zero adapter,
     ``False`` never does (wrong on an engine that fails the self-test).
+    ``async_engine=True`` serves from vLLM's ``AsyncLLM`` (see the module
+    docstring); :meth:`close` stops its engine process.
     """
 
     def __init__(
@@ -82,6 +94,7 @@ class vLLMSampler(Sampler):
         device_mesh: DeviceMesh | None = None,
         exact_logprobs: bool = True,
         zero_adapter_for_base: bool | None = None,
+        async_engine: bool = False,
     ) -> None:
         vllm = require("vllm", "twinkle-sampler[vllm]", "vLLMSampler")
         from vllm.platforms import current_platform
@@ -98,7 +111,11 @@ class vLLMSampler(Sampler):
         if current_platform.is_cpu() and not sized:
             args["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         self.engine_args = args
-        self.llm = vllm.LLM(model=self.model_path, **args)
+        self.async_engine = async_engine
+        self.llm: Any = (
+            AsyncEngine({"model": self.model_path, **args}) if async_engine else vllm.LLM(self.model_path, **args)
+        )
+        weakref.finalize(self, _shutdown, self.llm)
         if exact_logprobs:
             self.llm.collective_rpc("twinkle_use_exact_logprobs")
         self._served: dict[str, Any] = {}
@@ -203,7 +220,8 @@ class vLLMSampler(Sampler):
         if unknown:
             raise ConfigurationError(
                 f"adapter {name!r} targets {unknown[:3]}, which are not linear layers vLLM puts LoRA on in "
-                f"{self.model_path} (the output layer is not one)"
+                f"{self.model_path} (the output layer is not one: train adapters without it, e.g. Tinker's "
+                "create_lora_training_client(..., train_unembed=False))"
             )
         rank, limit = max(A.shape[0] for A, _ in tensors.values()), self._lora_config.max_lora_rank
         if rank > limit:
@@ -257,7 +275,7 @@ class vLLMSampler(Sampler):
                     f"weight {name!r} has shape {list(tensor.shape)}, the model's has {shapes[name]}"
                 )
             checked.append((name, tensor.detach()))
-        if _engine_in_subprocess():
+        if self.async_engine or _engine_in_subprocess():  # the engine core runs in another process
             self.llm.collective_rpc("twinkle_reload_weights", args=([(name, pack(t)) for name, t in checked],))
         else:
             self.llm.collective_rpc("twinkle_reload_weights", args=(checked,))
@@ -275,9 +293,58 @@ class vLLMSampler(Sampler):
     def wake_up(self) -> None:
         self.llm.wake_up()
 
+    def close(self) -> None:
+        """Stop an async engine's process and event loop now (else when the sampler is collected)."""
+        _shutdown(self.llm)
+
     # ------------------------------------------------------------------ sampling
 
+    def sample_stream(
+        self,
+        inputs: InputFeature | Trajectory | list[InputFeature | Trajectory],
+        sampling_params: SamplingParams | None = None,
+        adapter_name: AdapterSpec = None,
+        num_samples: int | None = None,
+        use_base_model: bool = False,
+    ) -> Iterator[SampleChunk]:
+        """:meth:`sample`, but yielding each completion's new tokens as they are generated (``async_engine=True``).
+
+        Arguments are :meth:`sample`'s, checked the same way before anything
+        runs; chunks of different completions interleave in the order the
+        engine produces them (see :class:`SampleChunk`). Stopping early (closing
+        the iterator) aborts the completions still running.
+        """
+        if not self.async_engine:
+            raise ConfigurationError(
+                "sample_stream needs an engine serving requests as they come: vLLMSampler(..., async_engine=True)"
+            )
+        prompts, params, stop = self._prepare(inputs, sampling_params, adapter_name, num_samples, use_base_model)
+        requests, loras = self._engine_requests(prompts)
+        with_logprobs = requested(params.logprobs)
+        for index, output in self.llm.stream(requests, vllm_params(params, stop), lora_request=loras):
+            yield from chunks(index, output, with_logprobs)
+
     def _generate(self, prompts: list[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
+        requests, loras = self._engine_requests(prompts)
+        outputs = self.llm.generate(requests, vllm_params(params, stop), lora_request=loras, use_tqdm=False)
+        k = topk_count(params.logprobs)
+        generation = Generation(
+            completions=[
+                completion(sample, requested(params.logprobs), k) for output in outputs for sample in output.outputs
+            ]
+        )
+        if requested(params.prompt_logprobs):
+            prompt_k = topk_count(params.prompt_logprobs)
+            per_prompt = [
+                prompt_logprobs(prompt.input_ids, output.prompt_logprobs, prompt_k)
+                for prompt, output in zip(prompts, outputs, strict=True)
+            ]
+            generation.prompt_logprobs = [logprobs for logprobs, _ in per_prompt]
+            generation.topk_prompt_logprobs = [alternatives for _, alternatives in per_prompt] if prompt_k else None
+        return generation
+
+    def _engine_requests(self, prompts: list[Prompt]) -> tuple[list[Any], list[Any]]:
+        """vLLM's prompt and ``LoRARequest`` (base rows: the zero adapter when needed) of every prompt."""
         from vllm.inputs import TokensPrompt
 
         for index, prompt in enumerate(prompts):
@@ -286,23 +353,12 @@ class vLLMSampler(Sampler):
                     f"inputs[{index}] has images, which vLLMSampler does not pass to vLLM yet: use TorchSampler"
                 )
         requests = [TokensPrompt(prompt_token_ids=prompt.input_ids) for prompt in prompts]
-        loras = [self._zero if prompt.adapter is None else self._served[prompt.adapter] for prompt in prompts]
-        outputs = self.llm.generate(requests, _vllm_params(params, stop), lora_request=loras, use_tqdm=False)
-        k = topk_count(params.logprobs)
-        generation = Generation(
-            completions=[
-                _completion(sample, requested(params.logprobs), k) for output in outputs for sample in output.outputs
-            ]
-        )
-        if requested(params.prompt_logprobs):
-            prompt_k = topk_count(params.prompt_logprobs)
-            per_prompt = [
-                _prompt_logprobs(prompt.input_ids, output.prompt_logprobs, prompt_k)
-                for prompt, output in zip(prompts, outputs, strict=True)
-            ]
-            generation.prompt_logprobs = [logprobs for logprobs, _ in per_prompt]
-            generation.topk_prompt_logprobs = [alternatives for _, alternatives in per_prompt] if prompt_k else None
-        return generation
+        return requests, [self._zero if prompt.adapter is None else self._served[prompt.adapter] for prompt in prompts]
+
+
+def _shutdown(engine: Any) -> None:
+    if isinstance(engine, AsyncEngine):
+        engine.shutdown()
 
 
 def _engine_in_subprocess() -> bool:
@@ -330,50 +386,3 @@ def _checkpoint_shapes(model_path: str) -> tuple[dict[str, list[int]], bool]:
                 shapes[key] = list(handle.get_slice(key).get_shape())
     config = json.loads((Path(model_path) / "config.json").read_text())
     return shapes, bool(config.get("tie_word_embeddings", False))
-
-
-def _vllm_params(params: SamplingParams, stop: StopCriteria) -> Any:
-    """Twinkle's :class:`SamplingParams` in vLLM's terms (stop ids include the model's end-of-sequence ids)."""
-    from vllm import SamplingParams as VllmSamplingParams
-
-    return VllmSamplingParams(
-        n=params.num_samples,
-        max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_k=params.top_k,
-        top_p=params.top_p,
-        seed=params.seed,
-        repetition_penalty=params.repetition_penalty,
-        ignore_eos=params.ignore_eos,
-        stop=list(stop.stop_strings),
-        stop_token_ids=sorted(stop.stop_ids),
-        logprobs=topk_count(params.logprobs) if requested(params.logprobs) else None,
-        prompt_logprobs=topk_count(params.prompt_logprobs) if requested(params.prompt_logprobs) else None,
-    )
-
-
-def _completion(sample: Any, with_logprobs: bool, k: int) -> Completion:
-    """One vLLM ``CompletionOutput``: per position, a dict ``{token_id: Logprob}`` holding the sampled token."""
-    tokens = list(sample.token_ids)
-    reason: StopReason = sample.finish_reason if sample.finish_reason in ("stop", "length") else "abort"
-    completion = Completion(tokens, reason)
-    if with_logprobs:
-        completion.logprobs = [position[token].logprob for token, position in zip(tokens, sample.logprobs, strict=True)]
-    if k:
-        completion.topk_logprobs = [_top(position, k) for position in sample.logprobs]
-    return completion
-
-
-def _prompt_logprobs(ids: list[int], positions: list[Any], k: int) -> tuple[list[float | None], list[TopK | None]]:
-    logprobs: list[float | None] = [None]
-    alternatives: list[TopK | None] = [None]
-    for token, position in zip(ids[1:], positions[1:], strict=True):
-        logprobs.append(position[token].logprob)
-        alternatives.append(_top(position, k))
-    return logprobs, alternatives
-
-
-def _top(position: Mapping[int, Any], k: int) -> TopK:
-    """The ``k`` best alternatives of one position, most likely first (vLLM adds the sampled token if outside)."""
-    ranked = sorted(position.items(), key=lambda item: item[1].rank)
-    return [(token, entry.logprob) for token, entry in ranked[:k]]

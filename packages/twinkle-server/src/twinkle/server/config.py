@@ -22,6 +22,7 @@ import yaml
 from twinkle.errors import ConfigurationError
 from twinkle.server.apis import installed_api_names
 from twinkle.server.config_layout import from_applications_layout, uses_applications_layout
+from twinkle.server.services.samplers import sampler_problems
 from twinkle.server.store.base import check_user_name
 
 DEFAULT_STATE_DIR = "~/.twinkle/server"
@@ -37,6 +38,8 @@ class Quotas:
     max_rank: int = 64
     max_tokens_per_request: int = 65536
     requests_per_second: float = 50.0
+    max_images_per_request: int = 64  # images in one training, encoding or sampling request
+    max_image_bytes: int = 8 * 1024 * 1024  # one image as sent: its encoded file (PNG, JPEG, ...)
 
 
 @dataclass
@@ -69,6 +72,10 @@ class ServerConfig:
     # MoE models: every sampler records each token's experts (``TorchSampler(record_routing=True)``), returned in
     # completions' ``new_input_feature["routed_experts"]``, which training calls replay (router replay).
     record_routing: bool = False
+    # The sampler back-end (services.samplers): "torch" (TorchSampler, the default) or "vllm" (vLLMSampler, extra
+    # twinkle-sampler[vllm]); sampler_args are its own options, e.g. {"engine_args": {...}, "async_engine": true}.
+    sampler: str = "torch"
+    sampler_args: dict[str, Any] = field(default_factory=dict)
     # Token budget of one shared training pass: the scheduler batches tenants' forward_backward calls
     # together up to this many input tokens (a single call bigger than it still runs, alone). 0 never
     # batches tenants together: every pass trains one request (for comparison, or strict isolation).
@@ -101,12 +108,14 @@ class ServerConfig:
         )
 
     @property
-    def model_options(self) -> dict[str, bool]:
+    def model_options(self) -> dict[str, Any]:
         """What every model and sampler the server builds is built with (``ModelPool`` gives each its own)."""
         return {
             "gradient_checkpointing": self.gradient_checkpointing,
             "kernels": self.kernels,
             "record_routing": self.record_routing,
+            "sampler": self.sampler,
+            "sampler_args": self.sampler_args,
         }
 
     def quotas_for(self, user: str) -> Quotas:
@@ -145,6 +154,8 @@ _TOP: dict[str, type] = {
     "gradient_checkpointing": bool,
     "kernels": bool,
     "record_routing": bool,
+    "sampler": str,
+    "sampler_args": dict,
     "max_tokens_per_pass": int,
     "cycle_wait_s": float,
     "session_timeout_s": float,
@@ -157,13 +168,15 @@ _TOP: dict[str, type] = {
     "users": dict,
     "quotas": dict,
 }
-_NULLABLE = {"device", "database", "checkpoint_dir", "api_keys_file", "users", "apis"}
+_NULLABLE = {"device", "database", "checkpoint_dir", "api_keys_file", "users", "apis", "sampler_args"}
 _PATHS = ("state_dir", "database", "checkpoint_dir", "api_keys_file")
 _QUOTAS: dict[str, type] = {
     "max_adapters": int,
     "max_rank": int,
     "max_tokens_per_request": int,
     "requests_per_second": float,
+    "max_images_per_request": int,
+    "max_image_bytes": int,
 }
 _USER: dict[str, type] = {"api_keys": list, "quotas": dict}
 
@@ -240,6 +253,7 @@ def _problems(data: dict[str, Any], base_dir: Path) -> list[str]:
     if merged["cycle_wait_s"] < 0:
         problems.append(f"cycle_wait_s: must be >= 0 (0 never waits for a pass to fill), got {merged['cycle_wait_s']}")
     problems += _api_problems(data.get("apis"))
+    problems += sampler_problems(merged["sampler"], merged["sampler_args"], merged["record_routing"])
     problems += _quota_problems(data.get("quotas") or {}, "quotas", merged["max_rank"])
     owners: dict[str, str] = {}
     for name, user in (data.get("users") or {}).items():
@@ -369,6 +383,7 @@ def _build(data: dict[str, Any], base_dir: Path) -> ServerConfig:
     for key in _PATHS:
         if values.get(key) is not None:
             values[key] = _resolve(values[key], base_dir)
+    values["sampler_args"] = dict(values.get("sampler_args") or {})
     values["quotas"] = Quotas(**_typed_quotas(values.get("quotas") or {}))
     values["users"] = {
         str(name): UserConfig(list((user or {}).get("api_keys") or []), _typed_quotas((user or {}).get("quotas") or {}))

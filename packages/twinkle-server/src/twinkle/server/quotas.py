@@ -1,4 +1,4 @@
-"""Per-user limits: adapters, LoRA rank, tokens per request and request rate.
+"""Per-user limits: adapters, LoRA rank, tokens and images per request, image size and request rate.
 
 Each user gets the config's default ``quotas`` with their own overrides
 (``users.<name>.quotas``) on top. Every refusal names the limit and the numbers,
@@ -58,6 +58,24 @@ class QuotaChecker:
     def check_sampling(self, user: str, prompt_tokens: int, n_prompts: int, max_tokens: int, num_samples: int) -> None:
         """A sampling request's tokens: its prompts and the most each sample may generate, for every sample."""
         self.check_tokens(user, (prompt_tokens + n_prompts * max_tokens) * num_samples)
+
+    def check_images(self, user: str, sizes: list[int], where: str = "request") -> None:
+        """A request's images: how many (``max_images_per_request``) and each one's bytes as sent
+        (``max_image_bytes``); ``sizes`` lists them in order (0 for an image sent as pixel values)."""
+        limits = self.limits(user)
+        if len(sizes) > limits.max_images_per_request:
+            raise QuotaExceededError(
+                f"{where} has {len(sizes)} images; the quota max_images_per_request of user {user!r} is "
+                f"{limits.max_images_per_request}",
+                "max_images_per_request",
+            )
+        for index, size in enumerate(sizes):
+            if size > limits.max_image_bytes:
+                raise QuotaExceededError(
+                    f"{where}: image {index} is {size} bytes; the quota max_image_bytes of user {user!r} is "
+                    f"{limits.max_image_bytes} (send it smaller, e.g. resized or as JPEG)",
+                    "max_image_bytes",
+                )
 
     def check_rate(self, user: str) -> None:
         """Take one request from ``user``'s bucket, or raise RateLimitError saying when to retry."""

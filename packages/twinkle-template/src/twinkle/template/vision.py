@@ -27,7 +27,15 @@ if TYPE_CHECKING:
     import numpy as np
     from PIL.Image import Image
 
-__all__ = ["IMAGE_PLACEHOLDER", "ImageEncoder", "ImageInputs", "image_parts", "load_image"]
+__all__ = [
+    "IMAGE_PLACEHOLDER",
+    "ImageEncoder",
+    "ImageInputs",
+    "checked_trajectory_images",
+    "image_parts",
+    "load_image",
+    "trajectory_images",
+]
 
 IMAGE_PLACEHOLDER = "<image>"
 
@@ -139,6 +147,10 @@ class ImageEncoder:
             raise InvalidInputError(f"{where}: the image processor refused an image: {exc}") from exc
         return np.asarray(out["pixel_values"], dtype=np.float32), np.asarray(out["image_grid_thw"], dtype=np.int64)
 
+    def token_counts(self, grid_thw: np.ndarray) -> list[int]:
+        """How many vision tokens (image tokens in ``input_ids``) each image of ``image_grid_thw`` takes."""
+        return [int(grid.prod()) // self.merge_size**2 for grid in grid_thw]
+
     def expand(
         self, input_ids: list[int], labels: list[int], grid_thw: np.ndarray, where: str
     ) -> tuple[list[int], list[int], list[int]]:
@@ -165,11 +177,11 @@ class ImageEncoder:
         return ids, new_labels, types
 
 
-def trajectory_images(trajectory: Mapping[str, Any], encoder: ImageEncoder | None, model_id: str) -> ImageInputs | None:
-    """The trajectory's processed images (None without any), checked against its ``<image>`` placeholders."""
-    images = trajectory.get("images") or []
+def checked_trajectory_images(trajectory: Mapping[str, Any], encoder: ImageEncoder | None, model_id: str) -> list[Any]:
+    """The trajectory's images (not decoded), once checked against its ``<image>`` placeholders and the model."""
+    images = list(trajectory.get("images") or [])
     if not images:
-        return None
+        return images
     if encoder is None:
         raise InvalidInputError(
             f"trajectory.images holds {len(images)} image(s) but {model_id!r} is a text-only model (its directory "
@@ -183,6 +195,15 @@ def trajectory_images(trajectory: Mapping[str, Any], encoder: ImageEncoder | Non
                 f"trajectory.{key} holds {placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but trajectory.images "
                 f"holds {len(images)} image(s); put one {IMAGE_PLACEHOLDER} in a user message where each image goes"
             )
+    return images
+
+
+def trajectory_images(trajectory: Mapping[str, Any], encoder: ImageEncoder | None, model_id: str) -> ImageInputs | None:
+    """The trajectory's processed images (None without any), checked against its ``<image>`` placeholders."""
+    images = checked_trajectory_images(trajectory, encoder, model_id)
+    if not images:
+        return None
+    assert encoder is not None  # checked_trajectory_images refuses images for a text-only model
     return ImageInputs(*encoder.process(images, "trajectory.images"))
 
 

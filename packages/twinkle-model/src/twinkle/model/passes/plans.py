@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -38,7 +38,7 @@ from twinkle.model.passes.requests import (
 )
 from twinkle.model.train_state import TrainState
 from twinkle.model.training_metric import combine_loss_metrics
-from twinkle.processor import unpack
+from twinkle.processor import InputProcessor, unpack
 
 
 @dataclass
@@ -262,10 +262,14 @@ class TargetsPlan(Plan):
         return [(0, self.row_count)]  # the caller's loss sees every sequence at once
 
     def shared_features(self, first: int, count: int) -> list[InputFeature]:
-        return [{"input_ids": s.tokens.tolist()} for s in self.sequences[first : first + count]]
+        sequences = self.sequences[first : first + count]
+        return [cast(InputFeature, {"input_ids": s.tokens.tolist(), **s.features}) for s in sequences]
 
     def own_batch(self, first: int, count: int) -> dict[str, torch.Tensor]:
-        return sequence_batch(self.sequences[first : first + count], 0)
+        sequences = self.sequences[first : first + count]
+        if any(sequence.features for sequence in sequences):  # images: collated as a shared batch is
+            return InputProcessor(padding_side="right", pad_token_id=0)(self.shared_features(first, count))
+        return sequence_batch(sequences, 0)
 
     def target_rows(self, first: int, count: int) -> list[TargetSequence]:
         return self.sequences[first : first + count]

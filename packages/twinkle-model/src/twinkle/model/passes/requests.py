@@ -37,10 +37,15 @@ class AdapterRequest:
 
 @dataclass
 class TargetSequence:
-    """One sequence in Tinker's layout: ``tokens[t]`` predicts ``targets[t]`` (``[N]`` or ``[N, K]``)."""
+    """One sequence in Tinker's layout: ``tokens[t]`` predicts ``targets[t]`` (``[N]`` or ``[N, K]``).
+
+    ``features`` are the sequence's other model inputs as an ``InputFeature`` holds them: a vision-language
+    model's ``pixel_values``, ``image_grid_thw`` and ``mm_token_type_ids`` (one per token).
+    """
 
     tokens: torch.Tensor  # long [N]
     targets: torch.Tensor  # long [N] or [N, K]
+    features: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass

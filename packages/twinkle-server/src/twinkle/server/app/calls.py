@@ -18,6 +18,7 @@ from twinkle import wire
 from twinkle.errors import InvalidInputError
 from twinkle.model import AdapterRequest
 from twinkle.server.app.state import ServerState
+from twinkle.server.images import check_native_images
 from twinkle.server.paths import safe_child
 from twinkle.server.services import submissions
 from twinkle.server.services.checkpoints import CheckpointHold
@@ -60,6 +61,7 @@ def _submit(
 ) -> str:
     tokens = count_tokens(kwargs.get("inputs"))
     state.quotas.check_tokens(user, tokens)  # before the future exists: a refused call must leave none behind
+    check_inputs_images(state, user, kwargs.get("inputs"))  # a bad image must not fail a shared pass
     shared = None
     # micro_batch_size=None (the default, which the client spells out) must not keep a call out of a pass
     shareable = not state.engine.is_private(run_id) and kwargs.get("micro_batch_size") is None and "inputs" in kwargs
@@ -79,6 +81,12 @@ def _submit(
         tokens=tokens,
     )
     return submissions.submit(state.futures, state.engine, call, settled=None if hold is None else hold.release)
+
+
+def check_inputs_images(state: ServerState, user: str, inputs: Any, where: str = "inputs") -> None:
+    """Refuse a request whose images are not sent by value, exceed the user's quotas, do not decode, do not
+    match their placeholders, or go to a text-only model (:mod:`twinkle.server.images`)."""
+    check_native_images(state.quotas, user, state.engine.model_path, state.config.model_id, inputs, where)
 
 
 def count_tokens(inputs: Any) -> int:

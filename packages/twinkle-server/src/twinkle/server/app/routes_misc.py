@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from twinkle import wire
 from twinkle.data_format import SamplingParams
 from twinkle.errors import InvalidInputError, PermissionDeniedError, ResourceNotFoundError
-from twinkle.server.app.calls import count_tokens, hold_checkpoint
+from twinkle.server.app.calls import check_inputs_images, count_tokens, hold_checkpoint
 from twinkle.server.app.http import caller, reply
 from twinkle.server.app.routes_runs import owned_run, server
 from twinkle.server.app.routing import NativeRoute
@@ -136,6 +136,7 @@ async def sample(request: Request, body: Annotated[Sample, request_body(Sample)]
     state.quotas.check_sampling(
         user, count_tokens(inputs), n_prompts, defaults.max_tokens, num_samples or defaults.num_samples
     )
+    check_inputs_images(state, user, inputs)
     template = spec_dict(body.template)
     hold = None if base_model is None else hold_checkpoint(state, user, "", base_model)  # kept while the task runs
     release = hold.release if hold is not None else lambda: None
@@ -164,8 +165,9 @@ async def sample(request: Request, body: Annotated[Sample, request_body(Sample)]
 @api.post("/templates/encode", response_model=Features)
 async def encode(request: Request, body: Annotated[Encode, request_body(Encode)]) -> Response:
     """Encode trajectories with a registered template of the server's model (the client has no tokenizer)."""
-    caller(request)
+    user = caller(request)
     state, trajectories = server(request), body.trajectories
+    check_inputs_images(state, user, trajectories, "trajectories")
     template = state.engine.template(spec_dict(body.template))
     add_generation_prompt = body.add_generation_prompt
     features = await run_in_threadpool(

@@ -11,17 +11,19 @@ samples and processes data next to its model (the sampler in each replica under
   and ``ray: true`` for more than one
 - ``device_type`` of the model's (and sampler's) ``device_group`` / ``device_mesh``: ``device``
 - the gateway's ``server_config.per_token_model_limit``: ``quotas.max_adapters`` (per user)
+- the sampler's ``args.sampler_type`` (``torch`` or ``vllm``) / ``args.engine_args``: ``sampler`` /
+  ``sampler_args.engine_args``
 - ``task_queue`` (or an application's ``queue_config``) ``rps_limit`` / ``max_input_tokens``:
   ``quotas.requests_per_second`` / ``quotas.max_tokens_per_request`` (per user)
 
 Accepted as they are what this server does anyway: ``backend: transformers``,
-``sampler_type: torch``, ``use_megatron: false``, one device per model copy,
+``use_megatron: false``, one device per model copy,
 ``proxy_location`` ``HeadOnly`` or ``EveryNode`` (one HTTP front, on one node),
 a disabled ``telemetry``, ``persistence.mode: memory`` (state is kept in SQLite
 under ``state_dir``, so it also survives a restart), names, and the route
 prefixes of the model, sampler and processor applications (internal to that
 layout). Any other key is a problem naming its path and why: not available
-yet (Megatron, vLLM sampling), or the native key to use instead. Native keys
+yet (Megatron), or the native key to use instead. Native keys
 (``state_dir``, ``users``, ...) may sit next to the layout; a key set by both must agree.
 """
 

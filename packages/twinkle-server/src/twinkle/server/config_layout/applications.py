@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from twinkle.server.config_layout.placement import devices, replica_count
-from twinkle.server.config_layout.reader import MEGATRON, VLLM, LayoutReader
+from twinkle.server.config_layout.reader import MEGATRON, LayoutReader
 from twinkle.server.config_layout.top_level import http_options, task_queue, use_megatron
 
 KINDS = ("server", "model", "sampler", "processor")
@@ -148,12 +148,13 @@ def _sampler_args(r: LayoutReader, args: dict[str, Any], where: str) -> None:
             if r.typed(value, str, at):
                 r.sampler_model = (at, value)
         elif key == "sampler_type":
-            if value == "vllm":
-                r.problem(at, VLLM)
-            elif value != "torch":
-                r.problem(at, f"{value!r}: the server samples with TorchSampler (sampler_type: torch)")
+            if value in ("torch", "vllm"):
+                r.assign("sampler", value, at)
+            else:
+                r.problem(at, f"{value!r}: the server samples with torch or vllm (sampler_type: torch | vllm)")
         elif key == "engine_args":
-            r.problem(at, f"vLLM engine options: {VLLM}")
+            if r.typed(value, dict, at):
+                r.assign("sampler_args.engine_args", value, at)
         elif key == "queue_config":
             task_queue(r, value, at)
         elif key not in _PLACEMENT:

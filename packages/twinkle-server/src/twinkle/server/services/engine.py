@@ -168,3 +168,4 @@ class LocalEngine:
 
     def stop(self) -> None:
         self.scheduler.stop()
+        self.pool.close()

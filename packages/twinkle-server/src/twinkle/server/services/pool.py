@@ -5,7 +5,8 @@ trained together in shared passes. A run that trains every weight, or starts
 from a tenant's own full-model checkpoint, needs weights of its own: it gets a
 private ``TransformersModel`` (more memory, no batching with others). Sampling
 uses a sampler per base model, synced from the run before each request (LoRA
-tensors only, or every weight for a full-parameter run).
+tensors only, or every weight for a full-parameter run); which back-end
+(``TorchSampler``, ``vLLMSampler``) is the config's ``sampler`` (:mod:`.samplers`).
 
 Only the scheduler's worker thread calls into the pool, so no model ever sees
 two calls at once.
@@ -14,7 +15,7 @@ two calls at once.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from peft import LoraConfig
 
@@ -22,9 +23,12 @@ from twinkle.checkpoint_engine import CheckpointEngineManager
 from twinkle.data_format import SampleResponse, SamplingParams
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.model import AdapterResult, MultiLoraModel, PassRequest, TransformersModel
-from twinkle.module import adapter_names, topk_routers
+from twinkle.module import topk_routers
 from twinkle.registry import build
-from twinkle.sampler import TorchSampler
+from twinkle.server.services.samplers import build_sampler
+
+if TYPE_CHECKING:
+    from twinkle.server.services.samplers import SamplerBackend
 
 # The methods of a tenant's run answered directly (the others get a future); ``app.schemas.calls`` lists all.
 SHORT_METHODS = frozenset(
@@ -62,6 +66,10 @@ class ModelPool:
         options = dict(model_options or {})  # ServerConfig.model_options, for every model and sampler built here
         self.options = {name: options[name] for name in TRAINER_OPTIONS if name in options}
         self.sampler_options = {name: options[name] for name in SAMPLER_OPTIONS if name in options}
+        self.sampler_kind: str = options.get("sampler", "torch")
+        self.sampler_args: dict[str, Any] = dict(options.get("sampler_args") or {})
+        if self.sampler_kind == "vllm":  # the TorchSampler keyword arguments that have no vLLM counterpart
+            self.sampler_options = {k: v for k, v in self.sampler_options.items() if k != "kernels"}
         self.model = MultiLoraModel(model_id, max_loras=max_loras, max_rank=max_rank, device=device, **self.options)
         self.model_path = self.model.model_path
         self.routing = routing_shape(self.model.model)
@@ -71,8 +79,10 @@ class ModelPool:
                 "router whose routing could be recorded; set it only for a MoE model"
             )
         self._private: dict[str, TransformersModel] = {}
-        self._samplers: dict[str, TorchSampler] = {}  # by base model path; full-parameter runs by run id
+        self._samplers: dict[str, SamplerBackend] = {}  # by base model path; full-parameter runs by run id
         self._templates = Templates(self.model_path)
+        if self.sampler_kind != "torch":  # an engine starts slowly: at start-up, where a bad config shows at once
+            self._sampler(self.model_path)
 
     @property
     def max_loras(self) -> int:
@@ -84,8 +94,8 @@ class ModelPool:
 
     @property
     def max_length(self) -> int:
-        """The longest sequence the base model takes."""
-        return int(self.model.model.config.max_position_embeddings)
+        """The longest sequence the base model takes (a vision-language model's: its language model's)."""
+        return int(self.model.model.config.get_text_config().max_position_embeddings)
 
     @property
     def resident_count(self) -> int:
@@ -121,9 +131,11 @@ class ModelPool:
         """Free the run's weights, optimizer and gradients; its checkpoints stay on disk."""
         if self._private.pop(run_id, None) is None and run_id in self.model.adapter_names:
             self.model.remove_adapter(run_id)
-        self._samplers.pop(run_id, None)
+        private_sampler = self._samplers.pop(run_id, None)
+        if private_sampler is not None:
+            private_sampler.close()
         for sampler in self._samplers.values():
-            if run_id in adapter_names(sampler.model):
+            if run_id in sampler.adapter_names:
                 sampler.remove_adapter(run_id)
 
     def call(self, run_id: str, method: str, kwargs: Mapping[str, Any]) -> Any:
@@ -187,7 +199,13 @@ class ModelPool:
         """A registered template from ``{"name", "kwargs"}`` for ``model_path`` (default: the base model's)."""
         return self._templates.get(spec, model_path)
 
-    def _sampler_for(self, run_id: str | None, base_path: str | None) -> tuple[TorchSampler, str | None]:
+    def close(self) -> None:
+        """Stop the samplers' engines (a vLLM engine's process and threads)."""
+        for sampler in self._samplers.values():
+            sampler.close()
+        self._samplers.clear()
+
+    def _sampler_for(self, run_id: str | None, base_path: str | None) -> tuple[SamplerBackend, str | None]:
         """The sampler holding the right base weights, synced with the run; and the adapter to sample with."""
         private = self._private.get(run_id) if run_id is not None else None
         if run_id is not None and private is not None and not private.adapter_names:  # full-parameter: all weights
@@ -200,9 +218,17 @@ class ModelPool:
             CheckpointEngineManager(source, sampler, adapter_name=run_id).sync_weights()
         return sampler, run_id
 
-    def _sampler(self, key: str, model_path: str | None = None) -> TorchSampler:
+    def _sampler(self, key: str, model_path: str | None = None) -> SamplerBackend:
         if key not in self._samplers:
-            self._samplers[key] = TorchSampler(model_id=model_path or key, device=self.device, **self.sampler_options)
+            self._samplers[key] = build_sampler(
+                self.sampler_kind,
+                model_path or key,
+                self.device,
+                self.sampler_options,
+                self.sampler_args,
+                self.max_loras,
+                self.max_rank,
+            )
         return self._samplers[key]
 
 

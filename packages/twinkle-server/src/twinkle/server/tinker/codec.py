@@ -1,10 +1,14 @@
-"""Tinker's wire formats to and from plain numpy: ``forward_backward`` requests in, training and sampling results out.
+"""Tinker's wire formats to and from plain numpy: ``forward_backward`` requests in, training results out.
 
 Requests arrive as the SDK's protobuf (``tinker.proto.tinker_public_pb2``,
 optionally zstd-compressed) or, on the legacy ``/forward`` route, as JSON
 (:func:`datum_from_json`). Both become :class:`Datum` objects with dense numpy
 arrays, so the loss and trainer code never sees a wire detail. Replies are
 encoded exactly as ``tinker.proto.response_conv`` decodes them.
+
+Image chunks stay encoded here (:class:`~twinkle.server.tinker.images.WireImage`, each
+at its offset among the text tokens); :mod:`twinkle.server.tinker.images` turns them
+into the model's vision tokens and pixel values.
 
 Anything malformed raises :class:`~twinkle.errors.InvalidInputError` whose
 message starts with the offending field, e.g. ``data[2].loss_fn_inputs['weights']: ...``.
@@ -14,8 +18,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import zstandard
@@ -23,12 +27,12 @@ from google.protobuf.message import DecodeError
 from tinker.proto import tinker_public_pb2 as pb
 
 from twinkle.errors import InvalidInputError
+from twinkle.server.tinker.images import WireImage, image_from_json, image_from_proto
 
 MAX_DECOMPRESSED_BYTES = 1 << 30
 # A CSR tensor's dense shape is not bounded by the body size, so cap it (1 GiB of float32).
 MAX_TENSOR_ELEMENTS = 1 << 28
 METRIC_REDUCTIONS = ("mean", "sum", "min", "max", "slack", "hash2", "unique")
-TOPK_EMPTY = (0, -99999.0)  # (token id, logprob) of an unused top-k cell, as the SDK reads it
 
 _PROTO_DTYPES: dict[int, np.dtype] = {
     pb.DTYPE_FLOAT32: np.dtype("<f4"),
@@ -39,15 +43,22 @@ _PROTO_DTYPES: dict[int, np.dtype] = {
 _JSON_DTYPES: dict[str, np.dtype[Any]] = {"float32": np.dtype(np.float32), "int64": np.dtype(np.int64)}
 # The SDK's dtype for a plain list under these keys (tinker/types/datum.py).
 _JSON_KEY_DTYPES = {"target_tokens": "int64"}
-_TEXT_ONLY = "this server serves text-only models (only encoded_text chunks are supported)"
+_CHUNKS = "this server takes encoded_text and image chunks"
 
 
 @dataclass
 class Datum:
-    """One training example: ``tokens[t]`` is the model input at position ``t``, aligned with each input's row ``t``."""
+    """One training example: ``tokens[t]`` is the model input at position ``t``, aligned with each input's row ``t``.
+
+    With image chunks, ``tokens`` holds the text tokens only until
+    :func:`twinkle.server.tinker.images.expand_images` puts each image's vision tokens at its offset
+    and its pixel values in ``features``.
+    """
 
     tokens: np.ndarray  # int64 [N]: the encoded_text chunks, concatenated
     loss_fn_inputs: dict[str, np.ndarray]  # dense (CSR cells not listed are 0), in the dtype sent
+    images: list[WireImage] = field(default_factory=list)
+    features: dict[str, Any] = field(default_factory=dict)  # pixel_values, image_grid_thw, mm_token_type_ids
 
 
 @dataclass
@@ -60,16 +71,6 @@ class ForwardBackwardCall:
     loss_fn: str
     loss_fn_config: dict[str, float | str]
     forward_only: bool
-
-
-@dataclass
-class SampledSeq:
-    """One sampled completion, as :func:`encode_sample_response` writes it."""
-
-    tokens: list[int]
-    logprobs: list[float] | None = None
-    stop_reason: Literal["stop", "length"] = "stop"
-    topk: Sequence[list[tuple[int, float]] | None] | None = None  # per position: up to k (id, logprob) pairs
 
 
 def decode_forward_backward(
@@ -97,30 +98,44 @@ def datum_from_json(datum: Mapping[str, Any], index: int = 0) -> Datum:
     where = f"data[{index}]"
     if not isinstance(datum, Mapping):
         raise InvalidInputError(f"{where}: a datum must be an object, got {type(datum).__name__}")
-    model_input = datum.get("model_input")
-    chunks = model_input.get("chunks") if isinstance(model_input, Mapping) else None
-    if not isinstance(chunks, list):
-        raise InvalidInputError(f"{where}.model_input: must be an object with a 'chunks' list")
-    parts = []
-    for number, chunk in enumerate(chunks):
-        chunk_where = f"{where}.model_input.chunks[{number}]"
-        kind = chunk.get("type", "encoded_text") if isinstance(chunk, Mapping) else None
-        if kind == "encoded_text":
-            parts.append(_json_numbers(chunk.get("tokens"), np.dtype(np.int64), f"{chunk_where}.tokens"))
-        elif kind in ("image", "image_asset_pointer", "dmel"):
-            raise InvalidInputError(f"{chunk_where}: {kind} chunks are not supported: {_TEXT_ONLY}")
-        else:
-            raise InvalidInputError(f"{chunk_where}: not a model input chunk (type {kind!r}); {_TEXT_ONLY}")
+    tokens, images = model_input_from_json(datum.get("model_input"), f"{where}.model_input")
     inputs = datum.get("loss_fn_inputs", {})
     if not isinstance(inputs, Mapping):
         raise InvalidInputError(f"{where}.loss_fn_inputs: must be an object of tensors")
     return Datum(
-        tokens=_tokens(parts, where),
+        tokens=tokens,
         loss_fn_inputs={
             str(name): _tensor_from_json(value, str(name), f"{where}.loss_fn_inputs[{name!r}]")
             for name, value in inputs.items()
         },
+        images=images,
     )
+
+
+def model_input_from_json(model_input: Any, where: str) -> tuple[np.ndarray, list[WireImage]]:
+    """A ``ModelInput``'s JSON form (``{chunks: [...]}``): its text tokens and its images, each at its offset."""
+    chunks = model_input.get("chunks") if isinstance(model_input, Mapping) else None
+    if not isinstance(chunks, list):
+        raise InvalidInputError(f"{where}: must be an object with a 'chunks' list")
+    parts: list[np.ndarray] = []
+    images: list[WireImage] = []
+    for number, chunk in enumerate(chunks):
+        chunk_where = f"{where}.chunks[{number}]"
+        kind = chunk.get("type", "encoded_text") if isinstance(chunk, Mapping) else None
+        if kind == "encoded_text":
+            parts.append(_json_numbers(chunk.get("tokens"), np.dtype(np.int64), f"{chunk_where}.tokens"))
+        elif kind == "image":
+            images.append(image_from_json(chunk, sum(len(part) for part in parts), chunk_where))
+        elif kind == "image_asset_pointer":
+            raise InvalidInputError(
+                f"{chunk_where}: image_asset_pointer chunks are not supported: this server has no image uploads, "
+                "so send the image itself in an image chunk (tinker.types.ImageChunk)"
+            )
+        elif kind == "dmel":
+            raise InvalidInputError(f"{chunk_where}: dmel (audio) chunks are not supported: {_CHUNKS}")
+        else:
+            raise InvalidInputError(f"{chunk_where}: not a model input chunk (type {kind!r}); {_CHUNKS}")
+    return _tokens(parts, where, bool(images)), images
 
 
 def encode_forward_backward_output(
@@ -170,39 +185,6 @@ def encode_forward_backward_output(
     return out.SerializeToString()
 
 
-def encode_sample_response(
-    sequences: Sequence[SampledSeq],
-    prompt_logprobs: Sequence[float | None] | None = None,
-    topk_prompt_logprobs: Sequence[Sequence[tuple[int, float]] | None] | None = None,
-    *,
-    prompt_cache_hit_tokens: int = 0,
-) -> bytes:
-    """A ``SampleResponse``; ``None`` prompt log-probs (e.g. position 0) are sent as NaN, as the SDK expects."""
-    out = pb.SampleResponse(prompt_cache_hit_tokens=prompt_cache_hit_tokens)
-    for index, seq in enumerate(sequences):
-        where = f"sequences[{index}]"
-        if seq.stop_reason not in ("stop", "length"):
-            raise ValueError(f"{where}.stop_reason must be 'stop' or 'length', got {seq.stop_reason!r}")
-        msg = out.sequences.add(
-            stop_reason=pb.STOP_REASON_STOP if seq.stop_reason == "stop" else pb.STOP_REASON_LENGTH,
-            tokens=np.asarray(seq.tokens, dtype="<i4").tobytes(),
-        )
-        if seq.logprobs is not None:
-            if len(seq.logprobs) != len(seq.tokens):
-                raise ValueError(f"{where} has {len(seq.tokens)} tokens but {len(seq.logprobs)} logprobs")
-            msg.logprobs = np.asarray(seq.logprobs, dtype="<f4").tobytes()
-        if seq.topk is not None:
-            if len(seq.topk) != len(seq.tokens):
-                raise ValueError(f"{where} has {len(seq.tokens)} tokens but top-k for {len(seq.topk)} positions")
-            msg.topk_sampled_logprobs.CopyFrom(_topk(seq.topk, f"{where}.topk"))
-    if prompt_logprobs is not None:
-        values = [math.nan if value is None else float(value) for value in prompt_logprobs]
-        out.prompt_logprobs = np.asarray(values, dtype="<f4").tobytes()
-    if topk_prompt_logprobs is not None:
-        out.topk_prompt_logprobs.CopyFrom(_topk(topk_prompt_logprobs, "topk_prompt_logprobs"))
-    return out.SerializeToString()
-
-
 def _decompress(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
     encoding = (content_encoding or "").strip().lower()
     if encoding in ("", "identity"):
@@ -239,29 +221,34 @@ def _config_from_proto(msg: pb.ForwardBackwardRequest) -> dict[str, float | str]
 
 def _datum_from_proto(msg: pb.Datum, index: int) -> Datum:
     where = f"data[{index}]"
-    parts = []
+    parts: list[np.ndarray] = []
+    images: list[WireImage] = []
     for number, chunk in enumerate(msg.model_input):
         kind = chunk.WhichOneof("chunk")
         chunk_where = f"{where}.model_input[{number}]"
         if kind == "encoded_text":
             parts.append(_frombuffer(chunk.encoded_text.tokens, np.dtype("<i4"), f"{chunk_where}.tokens"))
+        elif kind == "image":
+            images.append(image_from_proto(chunk.image, sum(len(part) for part in parts), chunk_where))
         elif kind is None:
-            raise InvalidInputError(f"{chunk_where}: empty chunk (no encoded_text)")
+            raise InvalidInputError(f"{chunk_where}: empty chunk (no encoded_text or image)")
         else:
-            raise InvalidInputError(f"{chunk_where}: {kind} chunks are not supported: {_TEXT_ONLY}")
+            raise InvalidInputError(f"{chunk_where}: {kind} chunks are not supported: {_CHUNKS}")
     inputs = {
         name: _tensor_from_proto(tensor, f"{where}.loss_fn_inputs[{name!r}]")
         for name, tensor in msg.loss_fn_inputs.items()
     }
-    return Datum(tokens=_tokens(parts, where), loss_fn_inputs=inputs)
+    return Datum(tokens=_tokens(parts, f"{where}.model_input", bool(images)), loss_fn_inputs=inputs, images=images)
 
 
-def _tokens(parts: list[np.ndarray], where: str) -> np.ndarray:
+def _tokens(parts: list[np.ndarray], where: str, has_images: bool = False) -> np.ndarray:
     tokens = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
     if tokens.size == 0:
-        raise InvalidInputError(f"{where}.model_input: has no tokens")
+        if has_images:
+            return tokens
+        raise InvalidInputError(f"{where}: has no tokens")
     if tokens.min() < 0:
-        raise InvalidInputError(f"{where}.model_input: holds the negative token id {int(tokens.min())}")
+        raise InvalidInputError(f"{where}: holds the negative token id {int(tokens.min())}")
     return tokens
 
 
@@ -384,15 +371,3 @@ def _output_array(array: Any, name: str, index: int) -> np.ndarray:
 
 def _trailing_shapes(fields: Mapping[str, list[np.ndarray]], index: int) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(arrays[index].shape[1:]) for arrays in fields.values())
-
-
-def _topk(entries: Sequence[Sequence[tuple[int, float]] | None], where: str) -> pb.TopkLogprobs:
-    """Dense ``[length, k]`` matrices with ``k`` the longest entry; missing cells hold :data:`TOPK_EMPTY`."""
-    k = max((len(entry) for entry in entries if entry is not None), default=0)
-    ids = np.full((len(entries), k), TOPK_EMPTY[0], dtype="<i4")
-    logprobs = np.full((len(entries), k), TOPK_EMPTY[1], dtype="<f4")
-    for position, entry in enumerate(entries):
-        for rank, (token_id, logprob) in enumerate(entry or ()):
-            ids[position, rank] = token_id
-            logprobs[position, rank] = logprob
-    return pb.TopkLogprobs(token_ids=ids.tobytes(), logprobs=logprobs.tobytes(), k=k, length=len(entries))

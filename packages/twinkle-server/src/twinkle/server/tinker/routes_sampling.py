@@ -14,6 +14,7 @@ from twinkle.server.services.engine import FunctionTask, PoolTask
 from twinkle.server.store.base import Run
 from twinkle.server.tinker import checkpoints, sampling
 from twinkle.server.tinker.http import PREFIX, TinkerRoute, check_base_model, future, reply, tinker_caller
+from twinkle.server.tinker.images import image_sizes
 from twinkle.server.tinker.jobs import Caller, drop_sampler_adapters, submit
 from twinkle.server.tinker.paths import sampler_id
 from twinkle.server.tinker.replies import json_result
@@ -89,14 +90,16 @@ async def asample(
         session = caller.tinker.session(caller.user, body.sampling_session_id)
     else:  # the legacy form names the weights on every request
         session = _session_for(caller, f"adhoc:{caller.user}", body.base_model, body.model_path)
-    state = caller.state
-    tokens = sampling.prompt_tokens(body.prompt)
+    state, engine = caller.state, caller.state.engine
+    text, images = sampling.prompt_images(body.prompt)
     params = sampling.sampling_params(body)
-    sampling.check_last_n(body.prompt_logprobs_last_n, len(tokens))
-    engine = state.engine
     vocab = engine.vocab_size
-    if any(not 0 <= token < vocab for token in tokens):
+    if any(not 0 <= token < vocab for token in text):
         raise InvalidInputError(f"prompt has token ids outside the vocabulary [0, {vocab})")
+    state.quotas.check_images(caller.user, image_sizes(images), "prompt")
+    prompt = sampling.prompt_feature(text, images, engine.model_path, state.config.model_id)
+    tokens = prompt["input_ids"]
+    sampling.check_last_n(body.prompt_logprobs_last_n, len(tokens))
     if len(tokens) + params.max_tokens > engine.max_length:
         raise InvalidInputError(
             f"the prompt has {len(tokens)} tokens: with max_tokens={params.max_tokens} it exceeds the model's "
@@ -104,7 +107,7 @@ async def asample(
         )
     state.quotas.check_sampling(caller.user, len(tokens), 1, params.max_tokens, params.num_samples)
 
-    queue_key, args = f"sample:{session.id}", (tokens, params, body.prompt_logprobs_last_n)
+    queue_key, args = f"sample:{session.id}", (prompt, params, body.prompt_logprobs_last_n)
     replica = engine.replica_of(session.run_id or queue_key)  # a snapshot is in its run's pool; else any will do
     task, finish, settled = FunctionTask(sampling.sample, (session.adapter, *args)), None, None
     if session.model_path is not None:  # a saved checkpoint's weights, which must still exist (not expired)

@@ -29,6 +29,7 @@ from twinkle.server.tinker.http import (
     resident_run,
     tinker_caller,
 )
+from twinkle.server.tinker.images import image_sizes
 from twinkle.server.tinker.jobs import API, Caller, skip_turn, submit
 from twinkle.server.tinker.paths import CheckpointPath, training_run_id
 from twinkle.server.tinker.replies import POLL_WAIT_S, PROTO_MEDIA_TYPE, future_reply
@@ -133,8 +134,12 @@ async def forward_backward(request: Request) -> JSONResponse:
     caller = tinker_caller(request)
     call = decode_forward_backward(await request.body(), request.headers.get("content-encoding"))
     resident_run(caller, call.model_id)
+    state = caller.state
     try:
-        shared = training.checked_request(caller.state.engine, call)  # it may join other tenants' passes
+        images = [image for datum in call.data for image in datum.images]
+        state.quotas.check_images(caller.user, image_sizes(images), "forward_backward")
+        # It may join other tenants' passes; its images become vision tokens and pixel values here.
+        shared = training.checked_request(state.engine, call, state.config.model_id)
         tokens = sum(len(datum.tokens) for datum in call.data)
         caller.state.quotas.check_tokens(caller.user, tokens)
     except Exception:

@@ -2,26 +2,44 @@
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from tinker.proto import tinker_public_pb2 as pb
 
 from twinkle.data_format import SamplingParams
 from twinkle.errors import InvalidInputError
 from twinkle.server.services.pool import ModelPool
-from twinkle.server.tinker.codec import SampledSeq, encode_sample_response
+from twinkle.server.tinker.codec import model_input_from_json
+from twinkle.server.tinker.images import WireImage, expanded
 from twinkle.server.tinker.replies import proto_result
 
 DEFAULT_MAX_TOKENS = 256
+TOPK_EMPTY = (0, -99999.0)  # (token id, logprob) of an unused top-k cell, as the SDK reads it
 
 
-def prompt_tokens(prompt: Any) -> list[int]:
-    """The token ids of a ``ModelInput`` (text-only: this server hosts language models)."""
-    try:
-        tokens = prompt.to_ints()
-    except ValueError as exc:
-        raise InvalidInputError(f"prompt: only encoded_text chunks are supported by this server ({exc})") from exc
-    if not tokens:
-        raise InvalidInputError("prompt is empty")
-    return tokens
+@dataclass
+class SampledSeq:
+    """One sampled completion, as :func:`encode_sample_response` writes it."""
+
+    tokens: list[int]
+    logprobs: list[float] | None = None
+    stop_reason: Literal["stop", "length"] = "stop"
+    topk: Sequence[list[tuple[int, float]] | None] | None = None  # per position: up to k (id, logprob) pairs
+
+
+def prompt_images(prompt: Any) -> tuple[np.ndarray, list[WireImage]]:
+    """A ``ModelInput`` prompt's text tokens and its images (each at its offset among the tokens)."""
+    return model_input_from_json(prompt.model_dump(mode="json"), "prompt")
+
+
+def prompt_feature(tokens: np.ndarray, images: list[WireImage], model_path: str, model_id: str) -> dict[str, Any]:
+    """The prompt as the sampler takes it: its tokens, with its images' vision tokens and pixel values."""
+    input_ids, features = expanded(tokens, images, model_path, model_id, "prompt")
+    return {"input_ids": input_ids.tolist(), **features}
 
 
 def sampling_params(request: Any) -> SamplingParams:
@@ -50,9 +68,10 @@ def sampling_params(request: Any) -> SamplingParams:
 
 
 def sample(
-    pool: ModelPool, adapter: str | None, tokens: list[int], params: SamplingParams, last_n: int | None
+    pool: ModelPool, adapter: str | None, prompt: dict[str, Any], params: SamplingParams, last_n: int | None
 ) -> bytes:
-    response = pool.sample_adapter(adapter, [{"input_ids": tokens}], params)
+    """Sample ``prompt`` (a feature: :func:`prompt_feature`) with the sampler's ``adapter`` (None: the base)."""
+    response = pool.sample_adapter(adapter, [prompt], params)
     sequences = [
         SampledSeq(
             tokens=list(seq.tokens),
@@ -75,14 +94,14 @@ def sample_checkpoint(
     adapter: str,
     directory: str,
     reload: bool,
-    tokens: list[int],
+    prompt: dict[str, Any],
     params: SamplingParams,
     last_n: int | None,
 ) -> bytes:
     """:func:`sample` a saved checkpoint's adapter, (re)loaded into this pool's sampler first if ``reload``."""
     if reload:
         pool.load_sampler_adapter(adapter, directory)
-    return sample(pool, adapter, tokens, params, last_n)
+    return sample(pool, adapter, prompt, params, last_n)
 
 
 def check_last_n(last_n: int | None, prompt_length: int) -> None:
@@ -95,3 +114,48 @@ def _last_n(values: list[Any], last_n: int | None, blank: Any) -> list[Any]:
     if last_n is None:
         return values
     return [blank] * (len(values) - last_n) + values[-last_n:]
+
+
+def encode_sample_response(
+    sequences: Sequence[SampledSeq],
+    prompt_logprobs: Sequence[float | None] | None = None,
+    topk_prompt_logprobs: Sequence[Sequence[tuple[int, float]] | None] | None = None,
+    *,
+    prompt_cache_hit_tokens: int = 0,
+) -> bytes:
+    """A ``SampleResponse``; ``None`` prompt log-probs (e.g. position 0) are sent as NaN, as the SDK expects."""
+    out = pb.SampleResponse(prompt_cache_hit_tokens=prompt_cache_hit_tokens)
+    for index, seq in enumerate(sequences):
+        where = f"sequences[{index}]"
+        if seq.stop_reason not in ("stop", "length"):
+            raise ValueError(f"{where}.stop_reason must be 'stop' or 'length', got {seq.stop_reason!r}")
+        msg = out.sequences.add(
+            stop_reason=pb.STOP_REASON_STOP if seq.stop_reason == "stop" else pb.STOP_REASON_LENGTH,
+            tokens=np.asarray(seq.tokens, dtype="<i4").tobytes(),
+        )
+        if seq.logprobs is not None:
+            if len(seq.logprobs) != len(seq.tokens):
+                raise ValueError(f"{where} has {len(seq.tokens)} tokens but {len(seq.logprobs)} logprobs")
+            msg.logprobs = np.asarray(seq.logprobs, dtype="<f4").tobytes()
+        if seq.topk is not None:
+            if len(seq.topk) != len(seq.tokens):
+                raise ValueError(f"{where} has {len(seq.tokens)} tokens but top-k for {len(seq.topk)} positions")
+            msg.topk_sampled_logprobs.CopyFrom(_topk(seq.topk, f"{where}.topk"))
+    if prompt_logprobs is not None:
+        values = [math.nan if value is None else float(value) for value in prompt_logprobs]
+        out.prompt_logprobs = np.asarray(values, dtype="<f4").tobytes()
+    if topk_prompt_logprobs is not None:
+        out.topk_prompt_logprobs.CopyFrom(_topk(topk_prompt_logprobs, "topk_prompt_logprobs"))
+    return out.SerializeToString()
+
+
+def _topk(entries: Sequence[Sequence[tuple[int, float]] | None], where: str) -> pb.TopkLogprobs:
+    """Dense ``[length, k]`` matrices with ``k`` the longest entry; missing cells hold :data:`TOPK_EMPTY`."""
+    k = max((len(entry) for entry in entries if entry is not None), default=0)
+    ids = np.full((len(entries), k), TOPK_EMPTY[0], dtype="<i4")
+    logprobs = np.full((len(entries), k), TOPK_EMPTY[1], dtype="<f4")
+    for position, entry in enumerate(entries):
+        for rank, (token_id, logprob) in enumerate(entry or ()):
+            ids[position, rank] = token_id
+            logprobs[position, rank] = logprob
+    return pb.TopkLogprobs(token_ids=ids.tobytes(), logprobs=logprobs.tobytes(), k=k, length=len(entries))

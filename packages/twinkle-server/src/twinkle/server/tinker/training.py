@@ -19,6 +19,7 @@ from twinkle.model import TargetSequence, TargetsOutput, TargetsRequest, check_s
 from twinkle.server.services.engine import Engine, Task
 from twinkle.server.services.pool import ModelPool
 from twinkle.server.tinker.codec import ForwardBackwardCall, encode_forward_backward_output
+from twinkle.server.tinker.images import expand_images
 from twinkle.server.tinker.losses import build_loss, targets_of
 from twinkle.server.tinker.replies import json_result, proto_result
 
@@ -58,17 +59,26 @@ def create_model(
 
 
 def sequences_of(call: ForwardBackwardCall) -> list[TargetSequence]:
-    return [
-        TargetSequence(torch.as_tensor(datum.tokens, dtype=torch.long), torch.as_tensor(targets_of(datum, i)).long())
-        for i, datum in enumerate(call.data)
-    ]
+    sequences = []
+    for i, datum in enumerate(call.data):
+        tokens = torch.as_tensor(datum.tokens, dtype=torch.long)
+        targets = torch.as_tensor(targets_of(datum, i)).long()
+        # Only image datums carry features (their pixel values and vision-token types).
+        extra = {"features": datum.features} if datum.features else {}
+        sequences.append(TargetSequence(tokens, targets, **extra))
+    return sequences
 
 
-def checked_request(engine: Engine, call: ForwardBackwardCall) -> TargetsRequest:
+def checked_request(engine: Engine, call: ForwardBackwardCall, model_id: str) -> TargetsRequest:
     """The call as a request of a shared pass (its sequences, its Tinker loss, which sums over tokens, and its
-    mode), once everything that can be checked before it queues is (the caller gets a 400 now)."""
+    mode), once everything that can be checked before it queues is (the caller gets a 400 now).
+
+    Image chunks become their vision tokens and pixel values here (``model_id`` names the model in errors).
+    """
     if not call.data:
         raise InvalidInputError("forward_backward needs at least one datum")
+    for index, datum in enumerate(call.data):
+        expand_images(datum, engine.model_path, model_id, f"data[{index}].model_input")
     loss_fn = build_loss(call.loss_fn, call.loss_fn_config, call.data)
     sequences = sequences_of(call)
     check_sequences(sequences, engine.vocab_size, engine.max_length, label="data")
