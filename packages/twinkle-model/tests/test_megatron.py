@@ -1,8 +1,8 @@
 """``MegatronModel`` in one process (tensor-parallel size 1) against plain transformers on the same weights.
 
 The logits, loss and every gradient (mapped back to transformers' names) equal the transformers model's
-(1e-5); so do a LoRA adapter's loss and gradients against PEFT's from the same saved adapter,
-and an adapter trained here loads in plain PEFT with the trainer's logits; a trained model saves a
+(1e-5), for the dense and the MoE builtin; so do a LoRA adapter's loss and gradients against PEFT's from the
+same saved adapter, and an adapter trained here loads in plain PEFT with the trainer's logits; a trained model saves a
 directory plain transformers loads with the trainer's logits; resuming from a checkpoint repeats the
 next steps; and what the back-end cannot do yet is refused by name. Both sides run in float64: transformers
 still computes Qwen3's RMSNorm in float32, which bounds the agreement at ~1e-7 on any CPU, where two float32
@@ -29,6 +29,7 @@ megatron = pytest.importorskip("twinkle.model.megatron", reason="needs twinkle-m
 from twinkle.model.megatron.conversion import to_transformers  # noqa: E402
 
 MODEL = "builtin://qwen3-tiny"
+MOE_MODEL = "builtin://qwen3-moe-tiny"
 DTYPE = torch.float64  # see the module docstring
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 
@@ -38,14 +39,18 @@ def model() -> Any:
     return megatron.MegatronModel(MODEL, device="cpu", dtype=DTYPE)
 
 
-def _plain() -> Any:
-    return AutoModelForCausalLM.from_pretrained(resolve_model(MODEL), dtype=DTYPE)
+def _plain(model_id: str = MODEL) -> Any:
+    eager = {"experts_implementation": "eager"} if model_id == MOE_MODEL else {}  # grouped matmul: no float64
+    return AutoModelForCausalLM.from_pretrained(resolve_model(model_id), dtype=DTYPE, **eager)
 
 
-def test_logits_loss_and_gradients_equal_transformers(model, sft_features):
+@pytest.mark.parametrize("model_id", [MODEL, MOE_MODEL], ids=["dense", "moe"])
+def test_logits_loss_and_gradients_equal_transformers(model, model_id, sft_features):
+    if model_id == MOE_MODEL:  # megatron's attention and our MoE layers (router, experts) in every layer
+        model = megatron.MegatronModel(MOE_MODEL, device="cpu", dtype=DTYPE)
     features = sft_features[:4]
     ours = model.forward_only(features, return_logits=True).logits
-    plain = _plain()
+    plain = _plain(model_id)
     total, count = torch.zeros((), dtype=DTYPE), 0
     for feature, logits in zip(features, ours, strict=True):
         theirs = plain(torch.tensor([feature["input_ids"]])).logits[0]
@@ -139,7 +144,7 @@ def test_what_the_back_end_cannot_do_yet_is_refused(model):
     with pytest.raises(ConfigurationError, match="match no projection of the decoder layers"):
         model.add_adapter_to_model("nothing", {"r": 4, "target_modules": ["embed_tokens"]})
     assert model.adapter_names == []
-    with pytest.raises(ConfigurationError, match="converts qwen3 models; 'llama' is not one"):
+    with pytest.raises(ConfigurationError, match="converts qwen3, qwen3_moe models; 'llama' is not one"):
         megatron.MegatronModel("builtin://llama-tiny", device="cpu")
     with pytest.raises(ConfigurationError, match=r"does not take \['gradient_checkpointing'\]"):
         megatron.MegatronModel(MODEL, device="cpu", dtype=DTYPE, gradient_checkpointing=True)

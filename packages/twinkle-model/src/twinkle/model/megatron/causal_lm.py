@@ -10,6 +10,7 @@ holds this stage's layers and every stage gets the last stage's hidden states (:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -20,14 +21,15 @@ import torch
 import torch.distributed as dist
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer import ModuleSpec, TransformerConfig
 from safetensors.torch import save_file
 from torch import nn
 
 from twinkle.model.megatron.attention import RotaryAttention, RowPositions
 from twinkle.model.megatron.collectives import copy_to_group, gather_last_dim
-from twinkle.model.megatron.conversion import check_supported, to_transformers
+from twinkle.model.megatron.conversion import check_supported, head_dim, is_moe, to_transformers
 from twinkle.model.megatron.lora import FUSED, MegatronLora
+from twinkle.model.megatron.moe import MegatronMoE
 from twinkle.model.megatron.pipeline import PipelineStage, hand_on, receive_hidden
 
 WEIGHTS_FILE = "model.safetensors"
@@ -126,19 +128,28 @@ class MegatronCausalLM(nn.Module):
         self.group, self.rank, self.size = group, rank, size
         self.positions = RowPositions()
         spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+        if is_moe(config):
+            moe = {"hf_config": config, "group": group, "rank": rank, "size": size}
+            spec.submodules.mlp = ModuleSpec(module=MegatronMoE, params=moe)
         rope_theta = float(config.rope_parameters["rope_theta"])
         attention = spec.submodules.self_attention.submodules
         attention.core_attention = partial(RotaryAttention, positions=self.positions, rope_theta=rope_theta)
         # Every stage builds the embedding and output layer (kept whole across stages, see .pipeline); their
         # tie is ours, as megatron's needs CUDA under pipeline parallelism.
-        self.gpt = GPTModel(
-            config=transformer_config(config, dtype, size, self.stage.size),
-            transformer_layer_spec=spec,
-            vocab_size=config.vocab_size,
-            max_sequence_length=config.max_position_embeddings,
-            share_embeddings_and_output_weights=False,
-            position_embedding_type="none",
-        )
+        layer_log = logging.getLogger("megatron.core.transformer.transformer_layer")
+        level = layer_log.level
+        layer_log.setLevel(logging.ERROR)  # it warns of every MLP module it does not know, as our MoE layer
+        try:
+            self.gpt = GPTModel(
+                config=transformer_config(config, dtype, size, self.stage.size),
+                transformer_layer_spec=spec,
+                vocab_size=config.vocab_size,
+                max_sequence_length=config.max_position_embeddings,
+                share_embeddings_and_output_weights=False,
+                position_embedding_type="none",
+            )
+        finally:
+            layer_log.setLevel(level)
         if config.tie_word_embeddings:
             self.gpt.output_layer = None
         if not self.stage.is_last:
@@ -148,6 +159,8 @@ class MegatronCausalLM(nn.Module):
         self.lora = MegatronLora(group, rank, size)
         for layer in self.gpt.decoder.layers:
             for fused in FUSED:
+                if fused.startswith("mlp.") and is_moe(config):
+                    continue
                 index = layer.layer_number - 1  # the model's layer number, whatever the stage
                 layer.get_submodule(fused).register_forward_hook(self.lora.hook(index, fused))
             for norm in ("self_attention.q_layernorm", "self_attention.k_layernorm"):  # each rank norms its heads
@@ -181,13 +194,18 @@ class MegatronCausalLM(nn.Module):
 
     def projection_sizes(self) -> dict[str, tuple[int, int]]:
         """Each transformers projection of a decoder layer as ``(out_features, in_features)``, whole."""
-        c = self.config
-        hidden, queries, keys = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-        return {
+        c, dim = self.config, head_dim(self.config)
+        hidden, queries, keys = c.hidden_size, c.num_attention_heads * dim, c.num_key_value_heads * dim
+        attention = {
             "self_attn.q_proj": (queries, hidden),
             "self_attn.k_proj": (keys, hidden),
             "self_attn.v_proj": (keys, hidden),
             "self_attn.o_proj": (hidden, queries),
+        }
+        if is_moe(c):  # LoRA on the attention only: the experts are parameters, not linears
+            return attention
+        return {
+            **attention,
             "mlp.gate_proj": (c.intermediate_size, hidden),
             "mlp.up_proj": (c.intermediate_size, hidden),
             "mlp.down_proj": (hidden, c.intermediate_size),
@@ -225,7 +243,7 @@ def transformer_config(config: Any, dtype: torch.dtype, tp_size: int, pp_size: i
         hidden_size=config.hidden_size,
         num_attention_heads=config.num_attention_heads,
         num_query_groups=config.num_key_value_heads,
-        kv_channels=config.head_dim,
+        kv_channels=head_dim(config),
         ffn_hidden_size=config.intermediate_size,
         normalization="RMSNorm",
         layernorm_epsilon=config.rms_norm_eps,

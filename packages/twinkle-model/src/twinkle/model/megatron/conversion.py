@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from twinkle.errors import ConfigurationError
 
-SUPPORTED_FAMILIES = ("qwen3",)
+SUPPORTED_FAMILIES = ("qwen3", "qwen3_moe")
 # transformers' per-layer name -> megatron-core's, for tensors that move as they are.
 _LAYER_NAMES = {
     "input_layernorm.weight": "input_layernorm.weight",
@@ -30,8 +30,27 @@ _LAYER_NAMES = {
     "self_attn.o_proj.weight": "self_attention.linear_proj.weight",
     "self_attn.q_norm.weight": "self_attention.q_layernorm.weight",
     "self_attn.k_norm.weight": "self_attention.k_layernorm.weight",
-    "mlp.down_proj.weight": "mlp.linear_fc2.weight",
 }
+_DENSE_NAMES = {"mlp.down_proj.weight": "mlp.linear_fc2.weight"}
+_MOE_NAMES = {  # a MoE layer's router and fused experts (.moe's parameters), in transformers' layouts
+    "mlp.gate.weight": "mlp.router",
+    "mlp.experts.gate_up_proj": "mlp.gate_up",
+    "mlp.experts.down_proj": "mlp.down",
+}
+
+
+def head_dim(config: Any) -> int:
+    """Each attention head's width (Qwen3-MoE configs leave it implicit)."""
+    return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+def num_experts(config: Any) -> int:
+    """The experts of each MoE layer; 0 for a dense model."""
+    return int(getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0)
+
+
+def is_moe(config: Any) -> bool:
+    return num_experts(config) > 0
 
 
 def check_supported(config: Any, tp_size: int, pp_size: int = 1) -> None:
@@ -49,7 +68,10 @@ def check_supported(config: Any, tp_size: int, pp_size: int = 1) -> None:
             f"tp_size={tp_size} must divide the attention heads (num_attention_heads={heads}) and the query "
             f"groups (num_key_value_heads={groups})"
         )
-    for name, size in (("intermediate_size", config.intermediate_size), ("vocab_size", config.vocab_size)):
+    if is_moe(config) and (config.mlp_only_layers or config.decoder_sparse_step != 1):
+        raise ConfigurationError("MegatronModel supports MoE models whose every layer is a MoE layer")
+    width = ("moe_intermediate_size", config.moe_intermediate_size) if is_moe(config) else None
+    for name, size in (width or ("intermediate_size", config.intermediate_size), ("vocab_size", config.vocab_size)):
         if size % tp_size:
             raise ConfigurationError(f"tp_size={tp_size} must divide the model's {name} ({size})")
     if config.num_hidden_layers % pp_size:
@@ -60,7 +82,8 @@ def check_supported(config: Any, tp_size: int, pp_size: int = 1) -> None:
 
 def to_megatron(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
     """A transformers state dict of a supported family in megatron-core's names and layouts."""
-    heads, groups, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    heads, groups, dim = config.num_attention_heads, config.num_key_value_heads, head_dim(config)
+    names = {**_LAYER_NAMES, **(_MOE_NAMES if is_moe(config) else _DENSE_NAMES)}
     out = {
         "embedding.word_embeddings.weight": state["model.embed_tokens.weight"],
         "decoder.final_layernorm.weight": state["model.norm.weight"],
@@ -69,20 +92,22 @@ def to_megatron(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, tor
         out["output_layer.weight"] = state["lm_head.weight"]
     for layer in range(config.num_hidden_layers):
         hf, mc = f"model.layers.{layer}.", f"decoder.layers.{layer}."
-        for hf_name, mc_name in _LAYER_NAMES.items():
+        for hf_name, mc_name in names.items():
             out[mc + mc_name] = state[hf + hf_name]
         q = state[hf + "self_attn.q_proj.weight"].view(groups, heads // groups * dim, -1)
         k = state[hf + "self_attn.k_proj.weight"].view(groups, dim, -1)
         v = state[hf + "self_attn.v_proj.weight"].view(groups, dim, -1)
         out[mc + "self_attention.linear_qkv.weight"] = torch.cat([q, k, v], dim=1).reshape(-1, q.shape[-1])
-        gate, up = state[hf + "mlp.gate_proj.weight"], state[hf + "mlp.up_proj.weight"]
-        out[mc + "mlp.linear_fc1.weight"] = torch.cat([gate, up])
+        if not is_moe(config):
+            gate, up = state[hf + "mlp.gate_proj.weight"], state[hf + "mlp.up_proj.weight"]
+            out[mc + "mlp.linear_fc1.weight"] = torch.cat([gate, up])
     return out
 
 
 def to_transformers(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
     """The inverse of :func:`to_megatron`: megatron-core's whole tensors under transformers' names."""
-    heads, groups, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    heads, groups, dim = config.num_attention_heads, config.num_key_value_heads, head_dim(config)
+    names = {**_LAYER_NAMES, **(_MOE_NAMES if is_moe(config) else _DENSE_NAMES)}
     out = {
         "model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
         "model.norm.weight": state["decoder.final_layernorm.weight"],
@@ -91,15 +116,16 @@ def to_transformers(state: Mapping[str, torch.Tensor], config: Any) -> dict[str,
         out["lm_head.weight"] = state["output_layer.weight"]
     for layer in range(config.num_hidden_layers):
         hf, mc = f"model.layers.{layer}.", f"decoder.layers.{layer}."
-        for hf_name, mc_name in _LAYER_NAMES.items():
+        for hf_name, mc_name in names.items():
             out[hf + hf_name] = state[mc + mc_name]
         qkv = state[mc + "self_attention.linear_qkv.weight"].view(groups, (heads // groups + 2) * dim, -1)
         q, k, v = qkv.split([heads // groups * dim, dim, dim], dim=1)
         out[hf + "self_attn.q_proj.weight"] = q.reshape(heads * dim, -1)
         out[hf + "self_attn.k_proj.weight"] = k.reshape(groups * dim, -1)
         out[hf + "self_attn.v_proj.weight"] = v.reshape(groups * dim, -1)
-        gate, up = state[mc + "mlp.linear_fc1.weight"].chunk(2)
-        out[hf + "mlp.gate_proj.weight"], out[hf + "mlp.up_proj.weight"] = gate, up
+        if not is_moe(config):
+            gate, up = state[mc + "mlp.linear_fc1.weight"].chunk(2)
+            out[hf + "mlp.gate_proj.weight"], out[hf + "mlp.up_proj.weight"] = gate, up
     return {name: tensor.contiguous() for name, tensor in out.items()}
 
 

@@ -68,7 +68,7 @@ class MegatronLora(nn.Module):
     ) -> None:
         """Create adapter ``name`` (PEFT's initialisation, drawn whole, then cut to this rank's part).
 
-        ``sizes``: each transformers projection's ``(out_features, in_features)``; ``like``: a base weight,
+        ``sizes``: each adaptable transformers projection's ``(out_features, in_features)``; ``like``: a base weight,
         whose dtype and device the pairs take; ``layers``: the decoder layers this rank holds (a pipeline
         stage's; every layer's pairs are drawn, so each starts as in one process).
         """
@@ -79,8 +79,8 @@ class MegatronLora(nn.Module):
             for projections in FUSED.values():
                 for projection in projections:
                     module = f"model.layers.{layer}.{projection}"
-                    if not check_target_module_exists(config, module):
-                        continue
+                    if projection not in sizes or not check_target_module_exists(config, module):
+                        continue  # a projection the model has not (a MoE model's MLP), or not targeted
                     rank = int(pattern_value(config.rank_pattern or {}, module, config.r))
                     alpha = float(pattern_value(config.alpha_pattern or {}, module, config.lora_alpha))
                     matched = True
