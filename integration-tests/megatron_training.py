@@ -1,10 +1,10 @@
-"""Under ``torchrun --nproc_per_node 2``: MegatronModel trains with ``tp_size=2``, ``pp_size=2`` or ``dp_size=2``.
+"""Under ``torchrun --nproc_per_node 2``: MegatronModel trains in each of :data:`LAYOUTS` (TP, PP, DP; TP, EP on MoE).
 
-    torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp OUTPUT_DIR
+    torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp,pp,ep-moe OUTPUT_DIR
 
-Every weight, then a LoRA adapter on every projection (PEFT's "all-linear"), trains for 5 steps in
-float64 (a checkpoint with the optimizer after step 2, the final weights after step 5); a fresh model
-then resumes from the step-2 checkpoint for the last 3 steps. Rank 0 prints ``RESULT`` and the JSON of
+Every weight, then a LoRA adapter on every projection (PEFT's "all-linear"; on MoE, the attention's), trains
+for 5 steps in float64 (a checkpoint with the optimizer after step 2, the final weights after step 5); a fresh
+model then resumes from the step-2 checkpoint for the last 3 steps. Rank 0 prints ``RESULT`` and the JSON of
 each kind's losses, gradient norms and paths; the same runs in one process are :func:`run` with no mesh.
 test_megatron_parallel.py runs both and compares.
 """
@@ -27,33 +27,52 @@ from twinkle import DeviceMesh
 from twinkle.model.megatron import MegatronModel
 
 MODEL = "builtin://qwen3-tiny"
+MOE_MODEL = "builtin://qwen3-moe-tiny"
+# layout -> the model and its mesh's sizes (as multiples of the world size); "-moe" layouts train the MoE builtin.
+LAYOUTS = {
+    "tp": (MODEL, ("tp",)),
+    "pp": (MODEL, ("pp",)),
+    "dp": (MODEL, ("dp",)),
+    "tp-moe": (MOE_MODEL, ("tp",)),
+    "ep-moe": (MOE_MODEL, ("ep", "dp")),  # experts split over the data-parallel ranks
+}
 
 
-def make_model(mesh: DeviceMesh | None, lora: bool) -> MegatronModel:
-    model = MegatronModel(MODEL, device="cpu", dtype=torch.float64, device_mesh=mesh)
+KINDS = ("full", "lora")
+
+
+def make_model(mesh: DeviceMesh | None, lora: bool, model_id: str = MODEL) -> MegatronModel:
+    model = MegatronModel(model_id, device="cpu", dtype=torch.float64, device_mesh=mesh)
     if lora:
         model.add_adapter_to_model("default", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"), seed=0)
     model.set_optimizer("AdamW", lr=1e-2 if lora else 1e-3)
     return model
 
 
-def run(mesh: DeviceMesh | None, lora: bool, output_dir: Path) -> dict[str, Any]:
-    """4 steps with a checkpoint after the second, then the last 2 again from that checkpoint."""
-    features = encoded_conversations(MODEL)
+def run(mesh: DeviceMesh | None, lora: bool, output_dir: Path, model_id: str = MODEL) -> dict[str, Any]:
+    """5 steps with a checkpoint after the second, then the last 3 again from that checkpoint."""
+    features = encoded_conversations(model_id)
     data_ranks = mesh.data_world_size if mesh is not None else 1
     rank = mesh.data_rank(int(os.environ["RANK"])) if mesh is not None else 0
     batch = features[rank::data_ranks]  # each data-parallel rank's share; tensor-parallel ranks share theirs
-    return train_save_resume(lambda: make_model(mesh, lora), batch, output_dir, after=3)
+    return train_save_resume(lambda: make_model(mesh, lora, model_id), batch, output_dir, after=3)
 
 
-def main(layout: str, output_dir: Path) -> None:
+def main(layouts: list[str], output_dir: Path) -> None:
+    """Each layout in turn, in these processes (megatron-core's groups are rebuilt between layouts)."""
+    from megatron.core import parallel_state
+
     twinkle.initialize(seed=0)
     world = int(os.environ["WORLD_SIZE"])
-    mesh = DeviceMesh.from_sizes(world_size=world, **{f"{layout}_size": world})
-    result = {kind: run(mesh, kind == "lora", output_dir / kind) for kind in ("full", "lora")}
+    results = {}
+    for layout in layouts:
+        model_id, dims = LAYOUTS[layout]
+        mesh = DeviceMesh.from_sizes(world_size=world, **{f"{dim}_size": world for dim in dims})
+        results[layout] = {kind: run(mesh, kind == "lora", output_dir / layout / kind, model_id) for kind in KINDS}
+        parallel_state.destroy_model_parallel()
     if twinkle.is_master():
-        print("RESULT " + json.dumps(result), flush=True)
+        print("RESULT " + json.dumps(results), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]))
+    main(sys.argv[1].split(","), Path(sys.argv[2]))

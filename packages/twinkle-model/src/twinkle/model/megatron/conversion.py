@@ -34,8 +34,8 @@ _LAYER_NAMES = {
 _DENSE_NAMES = {"mlp.down_proj.weight": "mlp.linear_fc2.weight"}
 _MOE_NAMES = {  # a MoE layer's router and fused experts (.moe's parameters), in transformers' layouts
     "mlp.gate.weight": "mlp.router",
-    "mlp.experts.gate_up_proj": "mlp.gate_up",
-    "mlp.experts.down_proj": "mlp.down",
+    "mlp.experts.gate_up_proj": "mlp.experts.gate_up_proj",
+    "mlp.experts.down_proj": "mlp.experts.down_proj",
 }
 
 

@@ -76,6 +76,7 @@ class MegatronModel(TrainingModel):
         model.to(device=self.device, dtype=options["dtype"])  # megatron builds its norms in float32 regardless
         source = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=options["dtype"])
         _copy_whole_weights(model, parallel, to_megatron(source.state_dict(), config))
+        parallel.shard_experts(model)  # each expert-parallel rank keeps its block of them (cut from the whole)
         return model.train()
 
     def load_full_weights(self, path: Path) -> None:

@@ -21,6 +21,30 @@ from twinkle.model.megatron.collectives import copy_to_group, sum_over_group
 from twinkle.model.megatron.conversion import num_experts
 
 
+class FusedExperts(nn.Module):
+    """A layer's experts as transformers fuses them (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``), this
+    rank's tensor-parallel part of each; called as transformers calls its experts module, so expert parallelism
+    (:class:`twinkle.model.parallel.ExpertShard`) can take its place."""
+
+    def __init__(self, experts: int, hidden: int, width: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.act_fn = nn.functional.silu
+        self.gate_up_proj = nn.Parameter(torch.zeros(experts, 2 * width, hidden, dtype=dtype))
+        self.down_proj = nn.Parameter(torch.zeros(experts, hidden, width, dtype=dtype))
+        for param, dim, stride in ((self.gate_up_proj, 1, 2), (self.down_proj, 2, 1)):
+            param.tensor_model_parallel = True  # type: ignore[attr-defined]
+            param.partition_dim, param.partition_stride = dim, stride  # type: ignore[attr-defined]
+
+    def forward(self, x_NH: torch.Tensor, experts_NK: torch.Tensor, weights_NK: torch.Tensor) -> torch.Tensor:
+        out_NH = torch.zeros_like(x_NH)
+        for expert in experts_NK.unique().tolist():
+            tokens, slot = torch.where(experts_NK == expert)
+            gate, up = nn.functional.linear(x_NH[tokens], self.gate_up_proj[expert]).chunk(2, dim=-1)
+            expert_out = nn.functional.linear(self.act_fn(gate) * up, self.down_proj[expert])
+            out_NH = out_NH.index_add(0, tokens, expert_out * weights_NK[tokens, slot, None])
+        return out_NH
+
+
 class MegatronMoE(nn.Module):
     """Top-k routed SwiGLU experts; ``forward`` takes and returns megatron's ``[S, B, H]`` (with no bias)."""
 
@@ -36,33 +60,19 @@ class MegatronMoE(nn.Module):
         super().__init__()
         self.group, self.size = group, size
         experts, hidden = num_experts(hf_config), hf_config.hidden_size
-        width = hf_config.moe_intermediate_size // size
         self.top_k, self.normalize = hf_config.num_experts_per_tok, hf_config.norm_topk_prob
         dtype = config.params_dtype
         self.router = nn.Parameter(torch.zeros(experts, hidden, dtype=dtype))
-        self.gate_up = nn.Parameter(torch.zeros(experts, 2 * width, hidden, dtype=dtype))
-        self.down = nn.Parameter(torch.zeros(experts, hidden, width, dtype=dtype))
         self.router.partial_over_tensor_parallel = True  # type: ignore[attr-defined]
-        for param, dim, stride in ((self.gate_up, 1, 2), (self.down, 2, 1)):
-            param.tensor_model_parallel = True  # type: ignore[attr-defined]
-            param.partition_dim, param.partition_stride = dim, stride  # type: ignore[attr-defined]
-        self.router_logits: torch.Tensor | None = None  # the last forward's ``[S·B, E]``, kept when asked for
-        self.keep_router_logits = False
+        self.experts = FusedExperts(experts, hidden, hf_config.moe_intermediate_size // size, dtype)
 
     def forward(self, hidden_SBH: torch.Tensor, **_: Any) -> tuple[torch.Tensor, None]:
         shape = hidden_SBH.shape
         x_NH = copy_to_group(hidden_SBH.reshape(-1, shape[-1]), self.group, self.size)
         logits_NE = nn.functional.linear(x_NH, self.router)
-        self.router_logits = logits_NE if self.keep_router_logits else None
         probs_NE = torch.softmax(logits_NE, dim=-1, dtype=torch.float)
         weights_NK, experts_NK = torch.topk(probs_NE, self.top_k, dim=-1)
         if self.normalize:
             weights_NK = weights_NK / weights_NK.sum(dim=-1, keepdim=True)
-        weights_NK = weights_NK.to(logits_NE.dtype)
-        out_NH = torch.zeros_like(x_NH)
-        for expert in experts_NK.unique().tolist():
-            tokens, slot = torch.where(experts_NK == expert)
-            gate, up = nn.functional.linear(x_NH[tokens], self.gate_up[expert]).chunk(2, dim=-1)
-            expert_out = nn.functional.linear(nn.functional.silu(gate) * up, self.down[expert])
-            out_NH = out_NH.index_add(0, tokens, expert_out * weights_NK[tokens, slot, None])
+        out_NH = self.experts(x_NH, experts_NK, weights_NK.to(logits_NE.dtype))
         return sum_over_group(out_NH, self.group, self.size).view(shape), None

@@ -13,6 +13,11 @@ Pipeline stages (``pp_size``, see :mod:`.pipeline`) see the same samples too: ea
 whose norms add over the stages; the weights every stage holds (the word embeddings) get their gradient
 summed over the stages and count once. Checkpoints join the stages' layers under the model's layer
 numbers, and optimizer states are numbered as one process numbers them, so any layout resumes any other.
+
+Expert parallelism (``ep_size``, over the data-parallel ranks, MoE models, ``tp_size`` 1) is
+:class:`twinkle.model.parallel.experts.ExpertParallel`'s, as under FSDP2: each rank keeps its block of
+every layer's experts, tokens travel to them by all-to-all, expert gradients are summed over the ranks
+holding the same experts and scaled as the rest, and checkpoints gather the experts whole.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from twinkle.model.megatron.pipeline import (
 )
 from twinkle.model.parallel import Parallelism
 from twinkle.model.parallel import tensors as distributed
+from twinkle.model.parallel.experts import ExpertParallel
 from twinkle.model.parallel.tensors import SyncedGradients, clip_finished, map_moments
 
 
@@ -47,10 +53,15 @@ class MegatronParallel(Parallelism):
             raise ConfigurationError(f"MegatronModel runs on cpu or cuda, got {device}")
         self.device = device
         self.mesh = mesh or DeviceMesh.from_sizes()
-        others = {dim: self.mesh.size(dim) for dim in ("fsdp", "cp", "ep", "ulysses") if self.mesh.size(dim) > 1}
+        others = {dim: self.mesh.size(dim) for dim in ("fsdp", "cp", "ulysses") if self.mesh.size(dim) > 1}
         if others:
             raise ConfigurationError(
-                f"MegatronModel trains with tp_size, pp_size and dp_size only; this mesh also has {others}"
+                f"MegatronModel trains with tp_size, pp_size, ep_size and dp_size only; this mesh also has {others}"
+            )
+        if self.mesh.size("ep") > 1 and self.mesh.size("tp") > 1:
+            raise ConfigurationError(
+                f"MegatronModel splits the experts by ep_size={self.mesh.size('ep')} or by tp_size="
+                f"{self.mesh.size('tp')}, not both yet"
             )
         _join_process_group(self.mesh, device)
         self.rank = dist.get_rank()
@@ -62,7 +73,17 @@ class MegatronParallel(Parallelism):
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.stage = PipelineStage.of_this_rank(num_layers)
+        self.experts = ExpertParallel(self.mesh, self.rank) if self.mesh.size("ep") > 1 else None
         self.synced = SyncedGradients()
+
+    def shard_experts(self, model: torch.nn.Module) -> None:
+        """Keep this rank's block of every MoE layer's experts (refusing a model whose experts do not divide)."""
+        if self.experts is not None:
+            self.experts.prepare(model)
+            self.experts.shard(model)
+
+    def _expert_params(self, model: torch.nn.Module) -> set[torch.nn.Parameter]:
+        return set() if self.experts is None else self.experts.expert_params(model)
 
     def sum(self, values: Sequence[float]) -> list[float]:
         return distributed.all_reduce_sum(values, self._comm_device, self.dp_group)
@@ -75,7 +96,12 @@ class MegatronParallel(Parallelism):
 
     def sync_gradients(self, model: torch.nn.Module, params: Sequence[torch.nn.Parameter]) -> None:
         self._sum_over_stages(params)
+        experts = self._expert_params(model)
+        if self.experts is not None:
+            self.experts.sync_gradients(model, [param for param in params if param in experts], self.data_world_size)
         for param in params:
+            if param in experts:
+                continue
             grad = param.grad
             if grad is None or not self.synced.pending(param):
                 continue
@@ -105,8 +131,13 @@ class MegatronParallel(Parallelism):
         self.sync_gradients(model, params)
         sharded = torch.zeros((), dtype=torch.float64)
         replicated = torch.zeros((), dtype=torch.float64)
+        experts = self._expert_params(model)
+        if self.experts is not None:  # each expert once: summed over the expert-parallel group
+            replicated += self.experts.squared_norm(model, [param for param in params if param in experts])
         for param in params:
-            if param.grad is None or (getattr(param, "replicated_over_pipeline", False) and not self.stage.is_first):
+            if param.grad is None or param in experts:
+                continue
+            if getattr(param, "replicated_over_pipeline", False) and not self.stage.is_first:
                 continue  # a weight every stage holds counts once
             squared = param.grad.detach().double().pow(2).sum().cpu()
             if is_sharded(param):
@@ -120,9 +151,13 @@ class MegatronParallel(Parallelism):
             dist.all_reduce(total, group=self.stage.group)
         norm = float(total.sqrt())
         clip_finished(params, norm, max_norm, self.synced)
+        if self.experts is not None:  # scaled in place, the expert gradients are still finished
+            self.experts.synced.mark(params)
         return norm
 
     def gathered(self, model: torch.nn.Module, tensors: dict[str, Any]) -> dict[str, Any]:
+        if self.experts is not None:
+            tensors = self.experts.gathered(model, tensors)  # the experts whole; tp_size is 1
         params = {param.data_ptr(): param for param in model.parameters()}
         joined = {
             self.stage.global_name(key): whole(value, params[value.data_ptr()], self.tp_group, self.tp_size)
@@ -133,22 +168,29 @@ class MegatronParallel(Parallelism):
         return joined if self.stage.size == 1 else union_over_stages(joined, self.stage)
 
     def gathered_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        group, size = self.tp_group, self.tp_size
-        state = map_moments(optimizer.state_dict(), optimizer, lambda value, param: whole(value, param, group, size))
+        group, size, experts = self.tp_group, self.tp_size, self.experts
+
+        def joined(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+            if experts is not None:
+                value = experts.gathered_like(model, param, value)
+            return whole(value, param, group, size)
+
+        state = map_moments(optimizer.state_dict(), optimizer, joined)
         if self.stage.size == 1:
             return state
         return stitched_optimizer_state(state, optimizer_names(model, optimizer, self.stage), self.stage)
 
     def local_part(self, model: torch.nn.Module, param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+        if self.experts is not None:
+            full = self.experts.local_part(model, param, full)
         return local_part(full, param, self.tp_rank, self.tp_size)
 
     def local_optimizer_state(
         self, model: torch.nn.Module, state: dict[str, Any], optimizer: torch.optim.Optimizer
     ) -> dict[str, Any]:
-        rank, size = self.tp_rank, self.tp_size
         if self.stage.size > 1:
             state = stage_optimizer_state(state, optimizer_names(model, optimizer, self.stage), self.stage)
-        return map_moments(state, optimizer, lambda value, param: local_part(value, param, rank, size))
+        return map_moments(state, optimizer, lambda value, param: self.local_part(model, param, value))
 
     @property
     def _comm_device(self) -> torch.device:
