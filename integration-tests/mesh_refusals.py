@@ -31,6 +31,7 @@ CASES: dict[str, Callable[[], object]] = {
     "heads-split": lambda: TransformersModel(DENSE, device_mesh=_mesh(fsdp_size=WORLD, ulysses_size=WORLD)),
     "megatron-heads": lambda: _megatron(DENSE, _mesh(tp_size=WORLD)),
     "megatron-layers": lambda: _megatron(DENSE, _mesh(pp_size=WORLD)),
+    "megatron-experts": lambda: _megatron(MOE, _mesh(dp_size=WORLD, ep_size=WORLD)),
 }
 
 

@@ -62,7 +62,9 @@ def test_meshes_the_model_cannot_use_are_refused():
     refused = run_refusals(["dense-ep", "ddp-ep"], nproc=2)
     assert refused["dense-ep"] == "ep_size=2: Qwen3ForCausalLM has no fused MoE experts to spread over the ranks"
     assert refused["ddp-ep"].startswith("expert parallelism (ep_size=2) shards the rest of the model with FSDP2")
-    three = run_refusals(["experts-split", "heads-split", "megatron-heads", "megatron-layers"], nproc=3)
+    three = run_refusals(
+        ["experts-split", "heads-split", "megatron-heads", "megatron-layers", "megatron-experts"], nproc=3
+    )
     assert three["experts-split"] == (
         "ep_size=3 must divide the number of experts per MoE layer (8, in model.layers.0.mlp.experts)"
     )
@@ -73,3 +75,4 @@ def test_meshes_the_model_cannot_use_are_refused():
         "tp_size=3 must divide the attention heads (num_attention_heads=4) and the query groups (num_key_value_heads=2)"
     )
     assert three["megatron-layers"] == "pp_size=3 must divide the decoder layers (num_hidden_layers=4)"
+    assert three["megatron-experts"] == "ep_size=3 must divide the experts of each MoE layer (num_experts=8)"

@@ -53,8 +53,8 @@ def is_moe(config: Any) -> bool:
     return num_experts(config) > 0
 
 
-def check_supported(config: Any, tp_size: int, pp_size: int = 1) -> None:
-    """Refuse a model or a tensor- or pipeline-parallel size this back-end cannot run, naming what does not fit."""
+def check_supported(config: Any, tp_size: int, pp_size: int = 1, ep_size: int = 1) -> None:
+    """Refuse a model or a parallel size (tensor, pipeline, expert) this back-end cannot run, naming the misfit."""
     if config.model_type not in SUPPORTED_FAMILIES:
         raise ConfigurationError(
             f"MegatronModel converts {', '.join(SUPPORTED_FAMILIES)} models; {config.model_type!r} is not one"
@@ -74,6 +74,12 @@ def check_supported(config: Any, tp_size: int, pp_size: int = 1) -> None:
     for name, size in (width or ("intermediate_size", config.intermediate_size), ("vocab_size", config.vocab_size)):
         if size % tp_size:
             raise ConfigurationError(f"tp_size={tp_size} must divide the model's {name} ({size})")
+    if ep_size > 1 and not is_moe(config):
+        raise ConfigurationError(f"ep_size={ep_size}: {config.model_type} has no MoE experts to spread over the ranks")
+    if ep_size > 1 and num_experts(config) % ep_size:
+        raise ConfigurationError(
+            f"ep_size={ep_size} must divide the experts of each MoE layer (num_experts={num_experts(config)})"
+        )
     if config.num_hidden_layers % pp_size:
         raise ConfigurationError(
             f"pp_size={pp_size} must divide the decoder layers (num_hidden_layers={config.num_hidden_layers})"

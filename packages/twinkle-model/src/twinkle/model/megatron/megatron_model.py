@@ -1,13 +1,13 @@
-"""``MegatronModel``: the semantic training API on megatron-core, with tensor parallelism on any device.
+"""``MegatronModel``: the semantic training API on megatron-core, with model parallelism on any device.
 
 The model is megatron-core's ``GPTModel`` (its tensor-parallel layers; the core attention of
-:mod:`.attention`), filled from a transformers checkpoint through :mod:`.conversion`, and saved back as
+:mod:`.attention`; a MoE model's layers of :mod:`.moe`), filled from a transformers checkpoint through :mod:`.conversion`, and saved back as
 one. Every call runs through the same pass engine, losses and metrics as :class:`TransformersModel`:
 the engine sees a causal LM (:class:`.causal_lm.MegatronCausalLM`) whose output layer gathers each
 chunk's logits over the tensor-parallel group. ``DeviceMesh.from_sizes(tp_size=..., pp_size=...,
-dp_size=...)`` under torchrun splits it (pipeline stages: :mod:`.pipeline`); without a mesh it runs in
-this process. It trains every weight, or LoRA adapters in PEFT's format (:mod:`.lora`); expert
-parallelism is not built yet.
+ep_size=..., dp_size=...)`` under torchrun splits it (pipeline stages: :mod:`.pipeline`; experts:
+:mod:`.plan`); without a mesh it runs in this process. It trains every weight, or LoRA adapters in
+PEFT's format (:mod:`.lora`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class MegatronModel(TrainingModel):
     supports_data_parallel = True
 
     def _parallelism(self) -> Parallelism:
-        sizes = [self.device_mesh.size(dim) if self.device_mesh is not None else 1 for dim in ("tp", "pp")]
+        sizes = [self.device_mesh.size(dim) if self.device_mesh is not None else 1 for dim in ("tp", "pp", "ep")]
         config = AutoConfig.from_pretrained(self.model_path)
         check_supported(config, *sizes)  # before any group or layer exists
         return MegatronParallel(self.device_mesh, self.device, config.num_hidden_layers)
