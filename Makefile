@@ -49,8 +49,9 @@ test: install
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 packages kernels integration-tests $(PYTEST_ARGS)
 
 # The vLLM sampler's tests (marker `vllm`) against the real engine on CPU, the server's with `sampler: vllm`
-# among them, in .venv-vllm (created on first use, reinstalled only when a pyproject, the vLLM requirements or
-# this Makefile's list of what goes in change). `make test` skips them: no vllm there.
+# and vLLMSampler as a Ray actor (its private Ray inherits VLLM_ENABLE_V1_MULTIPROCESSING) among them, in
+# .venv-vllm (created on first use, reinstalled only when a pyproject, the vLLM requirements or this
+# Makefile's list of what goes in change). `make test` skips them: no vllm there.
 test-vllm: $(VLLM_STAMP)
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_PY) -m pytest -p no:cacheprovider -m vllm $(VLLM_TESTS) $(PYTEST_ARGS)
 
@@ -60,7 +61,7 @@ $(VLLM_STAMP): $(wildcard packages/*/pyproject.toml kernels/pyproject.toml) $(VL
 	$(VLLM_PY) -m pip install --quiet -r $(VLLM_REQUIREMENTS)
 	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	$(VLLM_PY) -m pip install --quiet $(VLLM_EDITABLES)
-	$(VLLM_PY) -c "import vllm, twinkle.sampler, twinkle.server.tinker.app"
+	$(VLLM_PY) -c "import vllm, ray, twinkle.sampler, twinkle.server.tinker.app"
 	touch $(VLLM_STAMP)
 
 # Lint every file, then type-check every package's src/ ([tool.mypy] in pyproject.toml; cache in .mypy_cache).

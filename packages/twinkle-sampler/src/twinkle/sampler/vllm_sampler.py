@@ -45,7 +45,7 @@ import torch
 from twinkle.data_format import InputFeature, SamplingParams, Trajectory
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.hub import resolve_model
-from twinkle.infra import DeviceMesh, remote_class
+from twinkle.infra import DeviceMesh, get_runtime, remote_class
 from twinkle.module import read_adapter_dir, split_lora_state_dict, write_adapter_dir
 from twinkle.registry import register
 from twinkle.sampler.base import AdapterSpec, Sampler
@@ -309,11 +309,18 @@ class vLLMSampler(Sampler):
     ) -> Iterator[SampleChunk]:
         """:meth:`sample`, but yielding each completion's new tokens as they are generated (``async_engine=True``).
 
-        Arguments are :meth:`sample`'s, checked the same way before anything
-        runs; chunks of different completions interleave in the order the
-        engine produces them (see :class:`SampleChunk`). Stopping early (closing
-        the iterator) aborts the completions still running.
+        Arguments are :meth:`sample`'s, checked the same way when it is called;
+        chunks of different completions interleave in the order the engine
+        produces them (see :class:`SampleChunk`). Stopping early (closing the
+        iterator) aborts the completions still running. A sampler built as a
+        Ray actor (``remote_group=``) cannot stream: a call's result reaches
+        the driver whole.
         """
+        if get_runtime().mode == "ray_worker":
+            raise ConfigurationError(
+                "sample_stream cannot stream out of a Ray actor (a call's result reaches the driver whole): use "
+                "sample(), or build vLLMSampler(..., async_engine=True) without remote_group"
+            )
         if not self.async_engine:
             raise ConfigurationError(
                 "sample_stream needs an engine serving requests as they come: vLLMSampler(..., async_engine=True)"
@@ -321,8 +328,8 @@ class vLLMSampler(Sampler):
         prompts, params, stop = self._prepare(inputs, sampling_params, adapter_name, num_samples, use_base_model)
         requests, loras = self._engine_requests(prompts)
         with_logprobs = requested(params.logprobs)
-        for index, output in self.llm.stream(requests, vllm_params(params, stop), lora_request=loras):
-            yield from chunks(index, output, with_logprobs)
+        outputs = self.llm.stream(requests, vllm_params(params, stop), lora_request=loras)
+        return (chunk for index, output in outputs for chunk in chunks(index, output, with_logprobs))
 
     def _generate(self, prompts: list[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
         requests, loras = self._engine_requests(prompts)
