@@ -2,7 +2,8 @@
 
     torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp,pp,ep-moe OUTPUT_DIR
 
-Every weight, then a LoRA adapter on every projection (PEFT's "all-linear"; on MoE, the attention's), trains
+Every weight, then a LoRA adapter (PEFT's "all-linear", which on the MoE builtin adapts the attention, the
+fused experts and the router; the attention's projections only where experts are split by ``ep_size``), trains
 for 5 steps in float64 (a checkpoint with the optimizer after step 2, the final weights after step 5); a fresh
 model then resumes from the step-2 checkpoint for the last 3 steps. Rank 0 prints ``RESULT`` and the JSON of
 each kind's losses, gradient norms and paths; the same runs in one process are :func:`run` with no mesh.
@@ -28,34 +29,44 @@ from twinkle.model.megatron import MegatronModel
 
 MODEL = "builtin://qwen3-tiny"
 MOE_MODEL = "builtin://qwen3-moe-tiny"
-# layout -> the model and its mesh's sizes (as multiples of the world size); "-moe" layouts train the MoE builtin.
+ALL_LINEAR = "all-linear"  # PEFT's: on the MoE builtin, the attention, the fused experts and the router
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+# layout -> the model, its mesh's sizes (as multiples of the world size) and the adapter's target_modules;
+# "-moe" layouts train the MoE builtin.
 LAYOUTS = {
-    "tp": (MODEL, ("tp",)),
-    "pp": (MODEL, ("pp",)),
-    "dp": (MODEL, ("dp",)),
-    "tp-moe": (MOE_MODEL, ("tp",)),
-    "ep-moe": (MOE_MODEL, ("ep", "dp")),  # experts split over the data-parallel ranks
+    "tp": (MODEL, ("tp",), ALL_LINEAR),
+    "pp": (MODEL, ("pp",), ALL_LINEAR),
+    "dp": (MODEL, ("dp",), ALL_LINEAR),
+    "tp-moe": (MOE_MODEL, ("tp",), ALL_LINEAR),
+    "ep-moe": (MOE_MODEL, ("ep", "dp"), ATTENTION),  # experts split over the data-parallel ranks
 }
-
-
 KINDS = ("full", "lora")
 
 
-def make_model(mesh: DeviceMesh | None, lora: bool, model_id: str = MODEL) -> MegatronModel:
+def make_model(
+    mesh: DeviceMesh | None, lora: bool, model_id: str = MODEL, targets: str | tuple[str, ...] = ALL_LINEAR
+) -> MegatronModel:
     model = MegatronModel(model_id, device="cpu", dtype=torch.float64, device_mesh=mesh)
     if lora:
-        model.add_adapter_to_model("default", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"), seed=0)
+        config = LoraConfig(r=4, lora_alpha=8, target_modules=targets if isinstance(targets, str) else list(targets))
+        model.add_adapter_to_model("default", config, seed=0)
     model.set_optimizer("AdamW", lr=1e-2 if lora else 1e-3)
     return model
 
 
-def run(mesh: DeviceMesh | None, lora: bool, output_dir: Path, model_id: str = MODEL) -> dict[str, Any]:
+def run(
+    mesh: DeviceMesh | None,
+    lora: bool,
+    output_dir: Path,
+    model_id: str = MODEL,
+    targets: str | tuple[str, ...] = ALL_LINEAR,
+) -> dict[str, Any]:
     """5 steps with a checkpoint after the second, then the last 3 again from that checkpoint."""
     features = encoded_conversations(model_id)
     data_ranks = mesh.data_world_size if mesh is not None else 1
     rank = mesh.data_rank(int(os.environ["RANK"])) if mesh is not None else 0
     batch = features[rank::data_ranks]  # each data-parallel rank's share; tensor-parallel ranks share theirs
-    return train_save_resume(lambda: make_model(mesh, lora, model_id), batch, output_dir, after=3)
+    return train_save_resume(lambda: make_model(mesh, lora, model_id, targets), batch, output_dir, after=3)
 
 
 def main(layouts: list[str], output_dir: Path) -> None:
@@ -66,9 +77,11 @@ def main(layouts: list[str], output_dir: Path) -> None:
     world = int(os.environ["WORLD_SIZE"])
     results = {}
     for layout in layouts:
-        model_id, dims = LAYOUTS[layout]
+        model_id, dims, targets = LAYOUTS[layout]
         mesh = DeviceMesh.from_sizes(world_size=world, **{f"{dim}_size": world for dim in dims})
-        results[layout] = {kind: run(mesh, kind == "lora", output_dir / layout / kind, model_id) for kind in KINDS}
+        results[layout] = {
+            kind: run(mesh, kind == "lora", output_dir / layout / kind, model_id, targets) for kind in KINDS
+        }
         parallel_state.destroy_model_parallel()
     if twinkle.is_master():
         print("RESULT " + json.dumps(results), flush=True)

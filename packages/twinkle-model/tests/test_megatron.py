@@ -101,19 +101,21 @@ def test_a_trained_model_saves_what_transformers_loads_and_resumes(sft_features,
     assert torch.allclose(step_two.forward_only(batch[:1], return_logits=True).logits[0], saved, **TOL)
 
 
-def test_lora_equals_peft_and_loads_in_peft(sft_features, tmp_path: Path):
+@pytest.mark.parametrize("model_id", [MODEL, MOE_MODEL], ids=["dense", "moe"])
+def test_lora_equals_peft_and_loads_in_peft(model_id, sft_features, tmp_path: Path):
+    """On the MoE builtin PEFT's "all-linear" adapts the attention, the fused experts and the router."""
     features = sft_features[:4]
-    start = get_peft_model(_plain(), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    start = get_peft_model(_plain(model_id), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, param in start.named_parameters():
             if "lora_" in name:  # B too, so every gradient is non-trivial
                 param.copy_(torch.randn(param.shape, generator=generator, dtype=DTYPE) * 0.05)
     start.save_pretrained(tmp_path / "start")
-    model = megatron.MegatronModel(MODEL, device="cpu", dtype=DTYPE)
+    model = megatron.MegatronModel(model_id, device="cpu", dtype=DTYPE)
     model.add_adapter_to_model("default", str(tmp_path / "start"))
     output = model.forward_backward(features)
-    peft = PeftModel.from_pretrained(_plain(), tmp_path / "start", is_trainable=True)
+    peft = PeftModel.from_pretrained(_plain(model_id), tmp_path / "start", is_trainable=True)
     total, count = torch.zeros((), dtype=DTYPE), 0
     for feature in features:
         labels = torch.tensor(feature["labels"])
@@ -131,7 +133,7 @@ def test_lora_equals_peft_and_loads_in_peft(sft_features, tmp_path: Path):
     model.set_optimizer("AdamW", lr=1e-2)
     model.clip_grad_and_step()
     saved = model.save("trained", output_dir=tmp_path, save_optimizer=False)
-    reloaded = PeftModel.from_pretrained(_plain(), saved).eval()
+    reloaded = PeftModel.from_pretrained(_plain(model_id), saved).eval()
     with torch.no_grad():
         theirs = reloaded(torch.tensor([features[0]["input_ids"]])).logits[0]
     ours_logits = model.forward_only(features[:1], return_logits=True).logits[0]

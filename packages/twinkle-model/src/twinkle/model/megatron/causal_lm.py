@@ -27,7 +27,7 @@ from torch import nn
 
 from twinkle.model.megatron.attention import RotaryAttention, RowPositions
 from twinkle.model.megatron.collectives import copy_to_group, gather_last_dim
-from twinkle.model.megatron.conversion import check_supported, head_dim, is_moe, to_transformers
+from twinkle.model.megatron.conversion import check_supported, head_dim, is_moe, num_experts, to_transformers
 from twinkle.model.megatron.lora import FUSED, MegatronLora
 from twinkle.model.megatron.moe import MegatronMoE
 from twinkle.model.megatron.pipeline import PipelineStage, hand_on, receive_hidden
@@ -157,7 +157,11 @@ class MegatronCausalLM(nn.Module):
         for weight in self.pipeline_replicated():
             weight.replicated_over_pipeline = True  # type: ignore[attr-defined]
         self.lora = MegatronLora(group, rank, size)
+        self.lora.num_experts = num_experts(config)
         for layer in self.gpt.decoder.layers:
+            if is_moe(config):
+                update = self.lora.expert_update(layer.layer_number - 1)
+                layer.mlp.lora_update = layer.mlp.experts.lora_update = update
             for fused in FUSED:
                 if fused.startswith("mlp.") and is_moe(config):
                     continue
@@ -182,6 +186,14 @@ class MegatronCausalLM(nn.Module):
         if not self.stage.is_first:  # the first stage's copy gets the gradient (see .pipeline)
             weight = weight.detach()
         return VocabParallelHead(weight, self.config.vocab_size, self.group, self.rank, self.size)
+
+    def expert_sizes(self) -> tuple[int, dict[str, tuple[int, int]]] | None:
+        """A MoE model's experts per layer and each fused expert tensor's per-expert ``(out, in)``, whole."""
+        c = self.config
+        if not is_moe(c):
+            return None
+        width, hidden, experts = c.moe_intermediate_size, c.hidden_size, num_experts(c)
+        return experts, {"gate_up_proj": (2 * width, hidden), "down_proj": (hidden, width), "router": (experts, hidden)}
 
     @property
     def stage_layers(self) -> range:

@@ -31,6 +31,7 @@ from torch import nn
 
 from twinkle.errors import ConfigurationError
 from twinkle.model.megatron.collectives import copy_to_group, sum_over_group
+from twinkle.model.megatron.expert_lora import expert_pair, expert_rank, expert_targets, expert_update, unknown_targets
 from twinkle.module import pattern_value
 
 # megatron's linear of a decoder layer -> the transformers projections it fuses, in its output's order.
@@ -54,7 +55,10 @@ class MegatronLora(nn.Module):
         self.group, self.rank, self.size = group, rank, size
         self.adapters = nn.ModuleDict()  # adapter name -> ModuleDict(hf module name with '.' as '/' -> pair)
         self.configs: dict[str, LoraConfig] = {}
-        self.scaling: dict[str, dict[str, float]] = {}
+        self.scaling: dict[str, dict[str, float]] = {}  # adapter -> module -> scaling, every layer's
+        # adapter -> (layer, fused expert tensor) -> the PEFT module name its pair is saved under
+        self.expert_modules: dict[str, dict[tuple[int, str], str]] = {}
+        self.num_experts = 0  # per MoE layer; 0 for a dense model
         self.active: str | None = None
 
     def add(
@@ -65,16 +69,23 @@ class MegatronLora(nn.Module):
         sizes: dict[str, tuple[int, int]],
         like: torch.Tensor,
         layers: range | None = None,
+        experts: tuple[int, dict[str, tuple[int, int]]] | None = None,
     ) -> None:
         """Create adapter ``name`` (PEFT's initialisation, drawn whole, then cut to this rank's part).
 
         ``sizes``: each adaptable transformers projection's ``(out_features, in_features)``; ``like``: a base weight,
         whose dtype and device the pairs take; ``layers``: the decoder layers this rank holds (a pipeline
-        stage's; every layer's pairs are drawn, so each starts as in one process).
+        stage's; every layer's pairs are drawn, so each starts as in one process); ``experts``: a MoE model's
+        experts per layer and each fused expert tensor's per-expert ``(out, in)`` (for ``target_parameters``).
         """
-        config = _checked(name, config)
+        config = _checked(name, config, num_layers)
         kept = range(num_layers) if layers is None else layers
         pairs, scaling, matched = nn.ModuleDict(), {}, False
+        expert_tensors: dict[int, list[tuple[str, str]]] = {}
+        for layer, param, module in expert_targets(config, num_layers):
+            if experts is None:
+                raise ConfigurationError(f"adapter {name!r}: target_parameters (MoE experts) need a MoE model")
+            expert_tensors.setdefault(layer, []).append((param, module))
         for layer in range(num_layers):
             for projections in FUSED.values():
                 for projection in projections:
@@ -85,9 +96,19 @@ class MegatronLora(nn.Module):
                     alpha = float(pattern_value(config.alpha_pattern or {}, module, config.lora_alpha))
                     matched = True
                     pair = self._pair(projection, rank, sizes[projection], like)
+                    scaling[module] = alpha / math.sqrt(rank) if config.use_rslora else alpha / rank  # every layer's
                     if layer in kept:
                         pairs[_key(module)] = pair
-                        scaling[module] = alpha / math.sqrt(rank) if config.use_rslora else alpha / rank
+            for param, module in expert_tensors.get(layer, []):
+                assert experts is not None
+                rank, alpha = expert_rank(config, layer, param)
+                matched = True
+                count = 1 if param == "router" else experts[0]  # the router's weight is one matrix
+                pair = expert_pair(param, rank, count, experts[1][param], like, self.rank, self.size)
+                scaling[module] = alpha / math.sqrt(rank) if config.use_rslora else alpha / rank
+                self.expert_modules.setdefault(name, {})[(layer, param)] = module
+                if layer in kept:
+                    pairs[_key(module)] = pair
         if not matched:
             raise ConfigurationError(
                 f"adapter {name!r}: target_modules {config.target_modules!r} match no projection of the decoder "
@@ -120,6 +141,21 @@ class MegatronLora(nn.Module):
 
     def remove(self, name: str) -> None:
         del self.adapters[name], self.configs[name], self.scaling[name]
+        self.expert_modules.pop(name, None)
+
+    def expert_update(self, layer: int) -> Any:
+        """The LoRA update of decoder layer ``layer``'s experts and router under the active adapter (see .moe)."""
+
+        def update(param: str, expert: int, x: torch.Tensor) -> torch.Tensor | None:
+            active = self.active
+            module = None if active is None else self.expert_modules.get(active, {}).get((layer, param))
+            if active is None or module is None:
+                return None
+            pairs: Any = self.adapters[active]
+            count = 1 if param == "router" else self.num_experts
+            return expert_update(pairs[_key(module)], count, self.scaling[active][module], expert, x)
+
+        return update
 
     @contextmanager
     def activated(self, name: str | None) -> Iterator[None]:
@@ -190,16 +226,18 @@ def _mark(param: nn.Parameter, sharded_dim: int | None, partial: bool, size: int
     param.partial_over_tensor_parallel = partial  # type: ignore[attr-defined]
 
 
-def _checked(name: str, config: Any) -> LoraConfig:
+def _checked(name: str, config: Any, num_layers: int) -> LoraConfig:
     """A copy of ``config`` with ``"all-linear"`` spelled out, or a refusal naming what is not supported."""
     if not isinstance(config, LoraConfig):
         raise ConfigurationError(f"adapter {name!r}: MegatronModel trains LoRA adapters, got {type(config).__name__}")
     for option, feature in _UNSUPPORTED.items():
         if getattr(config, option, None):
             raise ConfigurationError(f"adapter {name!r} uses {feature}, which MegatronModel does not support")
-    if getattr(config, "target_parameters", None):
+    unknown = unknown_targets(config, num_layers)
+    if unknown:
         raise ConfigurationError(
-            f"adapter {name!r}: target_parameters (MoE experts) are not supported by MegatronModel"
+            f"adapter {name!r}: target_parameters {unknown} name no MoE parameter (mlp.experts.gate_up_proj, "
+            "mlp.experts.down_proj, mlp.gate.weight)"
         )
     config = copy.deepcopy(config)
     targets = config.target_modules

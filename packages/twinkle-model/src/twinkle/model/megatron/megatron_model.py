@@ -1,17 +1,18 @@
 """``MegatronModel``: the semantic training API on megatron-core, with model parallelism on any device.
 
 The model is megatron-core's ``GPTModel`` (its tensor-parallel layers; the core attention of
-:mod:`.attention`; a MoE model's layers of :mod:`.moe`), filled from a transformers checkpoint through :mod:`.conversion`, and saved back as
-one. Every call runs through the same pass engine, losses and metrics as :class:`TransformersModel`:
-the engine sees a causal LM (:class:`.causal_lm.MegatronCausalLM`) whose output layer gathers each
-chunk's logits over the tensor-parallel group. ``DeviceMesh.from_sizes(tp_size=..., pp_size=...,
-ep_size=..., dp_size=...)`` under torchrun splits it (pipeline stages: :mod:`.pipeline`; experts:
-:mod:`.plan`); without a mesh it runs in this process. It trains every weight, or LoRA adapters in
-PEFT's format (:mod:`.lora`).
+:mod:`.attention`; a MoE model's layers of :mod:`.moe`), filled from a transformers checkpoint through
+:mod:`.conversion`, and saved back as one. Every call runs through the same pass engine, losses and
+metrics as :class:`TransformersModel`: the engine sees a causal LM (:class:`.causal_lm.MegatronCausalLM`)
+whose output layer gathers each chunk's logits over the tensor-parallel group.
+``DeviceMesh.from_sizes(tp_size=..., pp_size=..., ep_size=..., dp_size=...)`` under torchrun splits it
+(pipeline stages: :mod:`.pipeline`; experts: :mod:`.plan`); without a mesh it runs in this process. It
+trains every weight, or LoRA adapters in PEFT's format (:mod:`.lora`, :mod:`.expert_lora`).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -27,12 +28,14 @@ from twinkle.model.checkpoints.save_load import read_weight_files
 from twinkle.model.loading import CheckpointingPolicy
 from twinkle.model.megatron.causal_lm import MegatronCausalLM
 from twinkle.model.megatron.conversion import check_supported, to_megatron, to_transformers
+from twinkle.model.megatron.expert_lora import expert_targets, full_name
 from twinkle.model.megatron.pipeline import names_over_stages
 from twinkle.model.megatron.plan import MegatronParallel
+from twinkle.model.multi_lora_adapters import as_peft_resolves
 from twinkle.model.parallel import Parallelism
 from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.model.training_model import TrainingModel
-from twinkle.module import read_adapter_dir, write_adapter_dir
+from twinkle.module import ExpertLora, read_adapter_dir, write_adapter_dir
 from twinkle.patch import KernelsSpec, PatchSpec
 from twinkle.registry import register
 
@@ -91,8 +94,16 @@ class MegatronModel(TrainingModel):
     def _add_adapter(self, adapter_name: str, config: PeftConfig, directory: Path | None) -> list[torch.nn.Parameter]:
         model: MegatronCausalLM = self.model
         like = next(model.gpt.parameters())  # the pairs take the base weights' dtype and device
-        sizes, layers = model.projection_sizes(), model.stage_layers
-        model.lora.add(adapter_name, config, model.config.num_hidden_layers, sizes, like, layers)
+        sizes, layers, experts = model.projection_sizes(), model.stage_layers, model.expert_sizes()
+        if experts is not None and isinstance(config, LoraConfig):
+            config = as_peft_resolves(_meta_model(model.config), config)  # "all-linear" adds experts and router
+            targets = {name for _, name, _ in expert_targets(config, model.config.num_hidden_layers)}
+            if targets - {"router"} and getattr(self.parallel, "experts", None) is not None:
+                raise ConfigurationError(
+                    f"adapter {adapter_name!r}: LoRA on the experts with ep_size > 1 is not built yet; target the "
+                    "attention's projections (target_modules=['q_proj', 'k_proj', 'v_proj', 'o_proj'])"
+                )
+        model.lora.add(adapter_name, config, model.config.num_hidden_layers, sizes, like, layers, experts)
         try:
             if directory:
                 self.load_adapter_weights(adapter_name, directory)
@@ -127,11 +138,20 @@ class MegatronModel(TrainingModel):
         if state.is_adapter:
             _, pairs = self.lora_payload(state.name)
             scaling = model.lora.scaling[state.name]
+            experts = {
+                module: full_name(layer, param)
+                for (layer, param), module in model.lora.expert_modules.get(state.name, {}).items()
+            }
             with torch.no_grad():
                 for module, factor in scaling.items():
                     A = pairs[f"base_model.model.{module}.lora_A.weight"]
                     B = pairs[f"base_model.model.{module}.lora_B.weight"]
-                    weights[f"{module}.weight"] = weights[f"{module}.weight"] + factor * (B @ A)
+                    if module in experts:  # a MoE parameter: the router's [E, H], or fused experts' [E, out, in]
+                        count = 1 if experts[module].endswith(".gate.weight") else model.lora.num_experts
+                        delta = ExpertLora.from_peft(A, B, count, factor).delta_weight()
+                        weights[experts[module]] = weights[experts[module]] + delta.view_as(weights[experts[module]])
+                    else:
+                        weights[f"{module}.weight"] = weights[f"{module}.weight"] + factor * (B @ A)
         return iter(weights.items())
 
     def adapter_state_dict(self, state: TrainState) -> dict[str, torch.Tensor]:
@@ -146,6 +166,12 @@ class MegatronModel(TrainingModel):
         """A PEFT adapter's whole pairs, cut to this rank's parts; all are checked before any is copied."""
         own = self.model.lora.state_dict_of(adapter_name)
         _copy_whole(self.model, self.parallel, own, read_adapter_dir(directory)[1], f"adapter {adapter_name!r}")
+
+
+def _meta_model(config: Any) -> Any:
+    """The transformers model of ``config`` without storage: what PEFT resolves a ``LoraConfig`` against."""
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(copy.deepcopy(config))
 
 
 def _copy_whole_weights(model: MegatronCausalLM, parallel: Parallelism, whole: Mapping[str, torch.Tensor]) -> None:

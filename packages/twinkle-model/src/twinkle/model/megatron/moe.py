@@ -11,6 +11,7 @@ replicated, and its gradient (a partial one per rank, like the input's) is summe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,6 +30,8 @@ class FusedExperts(nn.Module):
     def __init__(self, experts: int, hidden: int, width: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.act_fn = nn.functional.silu
+        # (tensor name, expert, rows) -> the active adapter's low-rank update of those rows (None: no adapter).
+        self.lora_update: Callable[[str, int, torch.Tensor], torch.Tensor | None] = lambda *_: None
         self.gate_up_proj = nn.Parameter(torch.zeros(experts, 2 * width, hidden, dtype=dtype))
         self.down_proj = nn.Parameter(torch.zeros(experts, hidden, width, dtype=dtype))
         for param, dim, stride in ((self.gate_up_proj, 1, 2), (self.down_proj, 2, 1)):
@@ -39,10 +42,16 @@ class FusedExperts(nn.Module):
         out_NH = torch.zeros_like(x_NH)
         for expert in experts_NK.unique().tolist():
             tokens, slot = torch.where(experts_NK == expert)
-            gate, up = nn.functional.linear(x_NH[tokens], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            expert_out = nn.functional.linear(self.act_fn(gate) * up, self.down_proj[expert])
+            x = x_NH[tokens]
+            gate, up = self._projected("gate_up_proj", expert, x).chunk(2, dim=-1)
+            expert_out = self._projected("down_proj", expert, self.act_fn(gate) * up)
             out_NH = out_NH.index_add(0, tokens, expert_out * weights_NK[tokens, slot, None])
         return out_NH
+
+    def _projected(self, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
+        out = nn.functional.linear(x, getattr(self, name)[expert])
+        update = self.lora_update(name, expert, x)
+        return out if update is None else out + update
 
 
 class MegatronMoE(nn.Module):
@@ -65,11 +74,14 @@ class MegatronMoE(nn.Module):
         self.router = nn.Parameter(torch.zeros(experts, hidden, dtype=dtype))
         self.router.partial_over_tensor_parallel = True  # type: ignore[attr-defined]
         self.experts = FusedExperts(experts, hidden, hf_config.moe_intermediate_size // size, dtype)
+        self.lora_update: Callable[[str, int, torch.Tensor], torch.Tensor | None] = lambda *_: None  # the router's
 
     def forward(self, hidden_SBH: torch.Tensor, **_: Any) -> tuple[torch.Tensor, None]:
         shape = hidden_SBH.shape
         x_NH = copy_to_group(hidden_SBH.reshape(-1, shape[-1]), self.group, self.size)
         logits_NE = nn.functional.linear(x_NH, self.router)
+        update = self.lora_update("router", 0, x_NH)
+        logits_NE = logits_NE if update is None else logits_NE + update
         probs_NE = torch.softmax(logits_NE, dim=-1, dtype=torch.float)
         weights_NK, experts_NK = torch.topk(probs_NE, self.top_k, dim=-1)
         if self.normalize:
