@@ -3,11 +3,11 @@
     torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp,pp,ep-moe OUTPUT_DIR
 
 Every weight, then a LoRA adapter (PEFT's "all-linear", which on the MoE builtin adapts the attention, the
-fused experts and the router; the attention's projections only where experts are split by ``ep_size``), trains
-for 5 steps in float64 (a checkpoint with the optimizer after step 2, the final weights after step 5); a fresh
-model then resumes from the step-2 checkpoint for the last 3 steps. Rank 0 prints ``RESULT`` and the JSON of
-each kind's losses, gradient norms and paths; the same runs in one process are :func:`run` with no mesh.
-test_megatron_parallel.py runs both and compares.
+fused experts and the router; the attention's projections only where experts are split by ``ep_size``),
+trains for 5 steps in float64 (a checkpoint with the optimizer after step 2, the final weights after step
+5); in the :data:`RESUMED` layouts a fresh model then resumes from the step-2 checkpoint for the last 3
+steps. Rank 0 prints ``RESULT`` and the JSON of each layout's and kind's losses, gradient norms and paths;
+the same runs in one process are :func:`run` with no mesh. test_megatron_parallel.py runs both and compares.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ LAYOUTS = {
     "tp-moe": (MOE_MODEL, ("tp",), ALL_LINEAR),
     "ep-moe": (MOE_MODEL, ("ep", "dp"), ATTENTION),  # experts split over the data-parallel ranks
 }
+# The layouts whose checkpoints are cut differently from one process's (or another layout's): these resume.
+RESUMED = ("tp", "pp", "ep-moe")
 KINDS = ("full", "lora")
 
 
@@ -60,13 +62,14 @@ def run(
     output_dir: Path,
     model_id: str = MODEL,
     targets: str | tuple[str, ...] = ALL_LINEAR,
+    resume: bool = True,
 ) -> dict[str, Any]:
-    """5 steps with a checkpoint after the second, then the last 3 again from that checkpoint."""
+    """5 steps with a checkpoint after the second, then (``resume``) the last 3 again from that checkpoint."""
     features = encoded_conversations(model_id)
     data_ranks = mesh.data_world_size if mesh is not None else 1
     rank = mesh.data_rank(int(os.environ["RANK"])) if mesh is not None else 0
     batch = features[rank::data_ranks]  # each data-parallel rank's share; tensor-parallel ranks share theirs
-    return train_save_resume(lambda: make_model(mesh, lora, model_id, targets), batch, output_dir, after=3)
+    return train_save_resume(lambda: make_model(mesh, lora, model_id, targets), batch, output_dir, 3, resume)
 
 
 def main(layouts: list[str], output_dir: Path) -> None:
@@ -80,7 +83,8 @@ def main(layouts: list[str], output_dir: Path) -> None:
         model_id, dims, targets = LAYOUTS[layout]
         mesh = DeviceMesh.from_sizes(world_size=world, **{f"{dim}_size": world for dim in dims})
         results[layout] = {
-            kind: run(mesh, kind == "lora", output_dir / layout / kind, model_id, targets) for kind in KINDS
+            kind: run(mesh, kind == "lora", output_dir / layout / kind, model_id, targets, layout in RESUMED)
+            for kind in KINDS
         }
         parallel_state.destroy_model_parallel()
     if twinkle.is_master():

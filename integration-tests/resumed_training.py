@@ -17,16 +17,18 @@ def steps(model: Any, batch: list[dict[str, Any]], count: int) -> tuple[list[flo
 
 
 def train_save_resume(
-    make_model: Callable[[], Any], batch: list[dict[str, Any]], output_dir: Path, after: int = 2
+    make_model: Callable[[], Any], batch: list[dict[str, Any]], output_dir: Path, after: int = 2, resume: bool = True
 ) -> dict[str, Any]:
     """Losses and norms of 2 + ``after`` steps, the losses of the ``after`` steps resumed in a fresh model from the
-    step-2 checkpoint, and the final weights' path."""
+    step-2 checkpoint (None without ``resume``), and the final weights' path."""
     model = make_model()
     losses, norms = steps(model, batch, 2)
-    checkpoint = model.save("step-2", output_dir=output_dir)
+    checkpoint = model.save("step-2", output_dir=output_dir) if resume else None
     more_losses, more_norms = steps(model, batch, after)
     final = model.save("final", output_dir=output_dir, save_optimizer=False)
-    resumed = make_model()
-    resumed.resume_from_checkpoint(checkpoint)
-    resumed_losses, _ = steps(resumed, batch, after)
+    resumed_losses = None
+    if checkpoint is not None:
+        resumed = make_model()
+        resumed.resume_from_checkpoint(checkpoint)
+        resumed_losses, _ = steps(resumed, batch, after)
     return {"losses": losses + more_losses, "norms": norms + more_norms, "resumed": resumed_losses, "final": str(final)}

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))
+from cookbook_runs import COOKBOOK, run_cookbook
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-COOKBOOK = REPO_ROOT / "cookbook"
 
 COVERED_BY = {
     "sft/self_cognition.py": "integration-tests/test_torchrun_sft.py",  # one process, then DDP and FSDP2
@@ -29,8 +29,8 @@ COVERED_BY = {
     "rl/grpo.py": "integration-tests/test_ray_grpo.py",  # in one process, against the Ray run
     "rl/grpo_ray.py": "integration-tests/test_ray_grpo.py",
     "rl/multi_turn_tools.py": "integration-tests/test_cookbooks.py",
-    "mm/clevr_sft.py": "integration-tests/test_cookbooks.py",
-    "mm/clevr_grpo.py": "integration-tests/test_cookbooks.py",
+    "mm/clevr_sft.py": "integration-tests/test_image_cookbooks.py",
+    "mm/clevr_grpo.py": "integration-tests/test_image_cookbooks.py",
     "client/twinkle/self_host/multi_modal.py": "integration-tests/server/test_images.py",
     "client/tinker/self_host/multi_modal.py": "integration-tests/server/test_images.py",
     **{
@@ -42,20 +42,6 @@ COVERED_BY = {
         for script in scripts
     },
 }
-
-
-def run_cookbook(script: str, output_dir: Path, knobs: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """Run ``cookbook/<script>`` with its env-var ``knobs``, writing to ``output_dir``; it must succeed."""
-    completed = subprocess.run(
-        [sys.executable, str(COOKBOOK / script)],
-        cwd=output_dir,
-        env={**os.environ, **knobs, "OUTPUT_DIR": str(output_dir), "MPLBACKEND": "Agg"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    return completed
 
 
 def test_every_cookbook_has_a_test_that_runs_it():
@@ -116,38 +102,3 @@ def test_multi_turn_tool_grpo_plays_tool_calls_and_trains_on_the_samplers_logpro
     ), completed.stdout[-2000:]
     assert (tmp_path / "curves.png").stat().st_size > 0
     assert (tmp_path / "grpo-calculator-checkpoint" / "adapter_model.safetensors").is_file()
-
-
-@pytest.mark.slow
-@pytest.mark.integration
-def test_vision_language_sft_answers_held_out_image_questions_better_than_without_the_image(tmp_path):
-    completed = run_cookbook("mm/clevr_sft.py", tmp_path, {"EPOCHS": "4"})
-    loss = re.search(r"^training loss: first step (\S+) -> last epoch (\S+)$", completed.stdout, re.M)
-    accuracy = re.search(
-        r"^held-out answer accuracy: (\S+) before -> (\S+) after; baselines without the image: majority answer "
-        r"(\S+), majority answer per question type (\S+) ",
-        completed.stdout,
-        re.M,
-    )
-    assert loss and accuracy, completed.stdout[-2000:]
-    assert float(loss[2]) < float(loss[1]) / 5
-    after, majority, per_type = float(accuracy[2]), float(accuracy[3]), float(accuracy[4])
-    assert (majority, per_type) == (0.175, 0.315)  # fixed by the embedded data set
-    assert after > per_type + 0.1, completed.stdout[-2000:]
-
-
-@pytest.mark.slow
-@pytest.mark.integration
-def test_image_grpo_trains_a_vision_tower_adapter_on_the_samplers_logprobs(tmp_path):
-    knobs = {"WARMUP_STEPS": "6", "MAX_STEPS": "2", "BATCH_SIZE": "4", "NUM_GENERATIONS": "4"}
-    completed = run_cookbook("mm/clevr_grpo.py", tmp_path, {**knobs, "MINI_BATCH_SIZE": "16", "MAX_NEW_TOKENS": "3"})
-    logs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert len(logs) == 2
-    for log in logs:
-        assert log["reward/total/mean"] == log["reward/accuracy/mean"] and 0.0 <= log["reward/total/mean"] <= 1.0
-        assert log["logprob_mismatch/num_tokens"] > 0 and log["logprob_mismatch/max_abs"] <= 1e-4
-    assert re.search(r"^mean reward: first 10 steps \S+ -> last 10 steps \S+ ", completed.stdout, re.M)
-    from safetensors import safe_open
-
-    with safe_open(tmp_path / "grpo-clevr-checkpoint" / "adapter_model.safetensors", "pt") as adapter:
-        assert any(".visual." in key for key in adapter.keys())  # noqa: SIM118  # the vision tower's adapter trained and was served

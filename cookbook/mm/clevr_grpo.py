@@ -10,7 +10,7 @@ linear layer, the vision tower's included, and the sampler serves that adapter o
     .venv/bin/python cookbook/mm/clevr_grpo.py
 
 Knobs are grpo.py's (WARMUP_STEPS, MAX_STEPS, BATCH_SIZE, NUM_GENERATIONS, MINI_BATCH_SIZE, MAX_NEW_TOKENS,
-LR, SEED, OUTPUT_DIR), with defaults for this task.
+LR, SEED, OUTPUT_DIR, DATA_ROWS), with defaults for this task.
 """
 
 import os

@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
 MODEL_ID = os.environ.get("MODEL_ID", "builtin://qwen3-tiny")
 SAMPLER = os.environ.get("SAMPLER", "torch")  # "torch" (TorchSampler) or "vllm" (vLLMSampler)
+if SAMPLER == "vllm":  # the engine in the sampler's process; set before Ray starts, so its actors see it too
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 SEED = int(os.environ.get("SEED", 42))
 WARMUP_STEPS = int(os.environ.get("WARMUP_STEPS", 60))
 WARMUP_LR = float(os.environ.get("WARMUP_LR", 1e-3))
@@ -62,6 +64,7 @@ MINI_BATCH_SIZE = int(os.environ.get("MINI_BATCH_SIZE", 64))  # completions per 
 MICRO_BATCH_SIZE = int(os.environ.get("MICRO_BATCH_SIZE", 32))
 MAX_NEW_TOKENS = int(os.environ.get("MAX_NEW_TOKENS", 48))
 LEARNING_RATE = float(os.environ.get("LR", 5e-4))
+DATA_ROWS = int(os.environ["DATA_ROWS"]) if "DATA_ROWS" in os.environ else None  # the first rows only (None: all)
 OUTPUT_DIR = os.environ.get("OUTPUT_DIR", "outputs/grpo")
 ADAPTER_NAME = "default"
 
@@ -118,7 +121,8 @@ GSM8K = Task(
 
 def create_dataset(components: Components, for_sampling: bool, task: Task = GSM8K) -> Dataset:
     """Prompts to sample from (RL), or prompts with worked solutions (warm-up)."""
-    dataset = components.Dataset(components.DatasetMeta(task.data_id))
+    rows = range(DATA_ROWS) if DATA_ROWS is not None else None
+    dataset = components.Dataset(components.DatasetMeta(task.data_id, data_slice=rows))
     dataset.set_template("Template", model_id=MODEL_ID, max_length=256, enable_thinking=False)
     dataset.map(task.preprocessor(for_sampling))
     dataset.encode(add_generation_prompt=for_sampling)
@@ -203,7 +207,6 @@ def build_sampler(components: Components, base_model: str, **placement: Any) -> 
     if SAMPLER == "vllm":  # in-process engine, fp32 (log-probs equal the trainer's), one slot beside the policy's
         from twinkle.sampler import vLLMSampler
 
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         engine_args = {"dtype": "float32", "max_model_len": 1024, "enforce_eager": True, "enable_lora": True}
         engine_args.update(max_lora_rank=16, max_loras=2)
         sampler = vLLMSampler(model_id=base_model, engine_args=engine_args, **placement)

@@ -7,6 +7,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model_state_dict
 
+from twinkle.data_format import IGNORE_INDEX
 from twinkle.hub import resolve_dataset, resolve_model
 from twinkle.sampler import TorchSampler
 
@@ -131,3 +132,30 @@ def _trainer_with_adapters(model_id: str | None, *names: str, rank: int = 4) -> 
                 if "lora_B" in param_name and f".{name}." in param_name:
                     param.normal_(0, 0.3, generator=generator)
     return model
+
+
+def _completion_logps(model: Any, sequences: Any, adapter_name: str | None = None) -> list[list[float]]:
+    features = [sequence.new_input_feature for sequence in sequences]
+    output = model.forward_only(inputs=features, adapter_name=adapter_name)
+    return [
+        logps[torch.tensor(feature["labels"]) != IGNORE_INDEX].tolist()
+        for logps, feature in zip(output.logps, features, strict=True)
+    ]
+
+
+@pytest.fixture(scope="session")
+def completion_logps() -> Any:
+    """``completion_logps(model, sequences, adapter_name=None)``: the trainer's ``forward_only`` log-probs of
+    each sampled sequence's completion tokens, to compare with the sampler's."""
+    return _completion_logps
+
+
+@pytest.fixture(scope="session")
+def logprob_gap() -> Any:
+    """``logprob_gap(sequences, expected)``: the largest difference between sampled and expected log-probs."""
+
+    def gap(sequences: Any, expected: list[list[float]]) -> float:
+        pairs = zip(sequences, expected, strict=True)
+        return max(abs(a - b) for s, row in pairs for a, b in zip(s.logprobs, row, strict=True))
+
+    return gap

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from twinkle.data_format import IGNORE_INDEX, SamplingParams
+from twinkle.data_format import SamplingParams
 from twinkle.hub import resolve_dataset
 
 MODEL = "builtin://qwen3-vl-tiny"
@@ -57,15 +57,6 @@ def vl_trained_model():
     return model
 
 
-def _completion_logps(model, sequences, adapter_name=None):
-    features = [sequence.new_input_feature for sequence in sequences]
-    output = model.forward_only(inputs=features, adapter_name=adapter_name)
-    return [
-        logps[torch.tensor(f["labels"]) != IGNORE_INDEX].tolist()
-        for logps, f in zip(output.logps, features, strict=True)
-    ]
-
-
 def test_greedy_tokens_equal_transformers_generate(vl_sampler, image_prompts):
     from transformers import AutoModelForImageTextToText
 
@@ -86,28 +77,30 @@ def test_greedy_tokens_equal_transformers_generate(vl_sampler, image_prompts):
         assert sequence.tokens == generated[0, len(prompt["input_ids"]) :].tolist()
 
 
-def test_sampled_logprobs_equal_the_trainers(vl_sampler, image_prompts, vl_trained_model):
+def test_sampled_logprobs_equal_the_trainers(vl_sampler, image_prompts, vl_trained_model, completion_logps):
     from peft import get_peft_model_state_dict
 
     model = vl_trained_model
     params = SamplingParams(max_tokens=10, temperature=1.0, seed=3)
     base = vl_sampler.sample(image_prompts, params, num_samples=2, use_base_model=True)
     with model.model.disable_adapter():
-        expected = _completion_logps(model, base.sequences)
+        expected = completion_logps(model, base.sequences)
     for ours, theirs in zip([s.logprobs for s in base.sequences], expected, strict=True):
         assert len(ours) == len(theirs) and max(abs(a - b) for a, b in zip(ours, theirs, strict=True)) <= 1e-5
 
     lora = (model.model.peft_config["policy"], get_peft_model_state_dict(model.model, adapter_name="policy"))
     vl_sampler.add_adapter("policy", *lora)
     adapted = vl_sampler.sample(image_prompts, params, num_samples=2, adapter_name="policy")
-    expected = _completion_logps(model, adapted.sequences, adapter_name="policy")
+    expected = completion_logps(model, adapted.sequences, adapter_name="policy")
     for ours, theirs in zip([s.logprobs for s in adapted.sequences], expected, strict=True):
         assert len(ours) == len(theirs) and max(abs(a - b) for a, b in zip(ours, theirs, strict=True)) <= 1e-5
     assert any(a.tokens != b.tokens for a, b in zip(adapted.sequences, base.sequences, strict=True))
     vl_sampler.remove_adapter("policy")
 
 
-def test_an_adapter_on_the_vision_tower_gets_each_rows_patches(vl_sampler, image_prompts, vl_trained_model):
+def test_an_adapter_on_the_vision_tower_gets_each_rows_patches(
+    vl_sampler, image_prompts, vl_trained_model, completion_logps
+):
     """A vision-tower adapter and a language-model adapter in one batch: each row's log-probs are the trainer's
     for its own adapter, so each image's patches went through its own row's adapter."""
     from peft import LoraConfig, get_peft_model_state_dict
@@ -127,11 +120,11 @@ def test_an_adapter_on_the_vision_tower_gets_each_rows_patches(vl_sampler, image
         params = SamplingParams(max_tokens=6, temperature=1.0, seed=4)
         mixed = vl_sampler.sample(image_prompts, params, adapter_name=adapters)
         for adapter, sequence in zip(adapters, mixed.sequences, strict=True):
-            (expected,) = _completion_logps(model, [sequence], adapter_name=adapter)
+            (expected,) = completion_logps(model, [sequence], adapter_name=adapter)
             assert len(sequence.logprobs) == len(expected)
             assert max(abs(a - b) for a, b in zip(sequence.logprobs, expected, strict=True)) <= 1e-5
         with model.model.disable_adapter():
-            base = _completion_logps(model, [mixed.sequences[0]], adapter_name="vision")[0]
+            base = completion_logps(model, [mixed.sequences[0]], adapter_name="vision")[0]
         assert max(abs(a - b) for a, b in zip(mixed.sequences[0].logprobs, base, strict=True)) > 1e-3
     finally:
         for adapter in ("policy", "vision"):

@@ -1,17 +1,6 @@
 """Sampler log-probs are the trainer's log-probs: the importance ratio of a fresh policy starts at exactly 1."""
 
-import torch
-
-from twinkle.data_format import IGNORE_INDEX, SamplingParams
-
-
-def _completion_logps(model, sequences, adapter_name=None):
-    features = [s.new_input_feature for s in sequences]
-    output = model.forward_only(inputs=features, adapter_name=adapter_name)
-    return [
-        logps[torch.tensor(f["labels"]) != IGNORE_INDEX].tolist()
-        for logps, f in zip(output.logps, features, strict=True)
-    ]
+from twinkle.data_format import SamplingParams
 
 
 def _assert_close(actual, expected, atol=1e-5):
@@ -21,26 +10,28 @@ def _assert_close(actual, expected, atol=1e-5):
         assert max(abs(a - b) for a, b in zip(ours, theirs, strict=True)) <= atol
 
 
-def test_sampled_logprobs_equal_trainer_forward_only(sampler, prompts, trained_model):
+def test_sampled_logprobs_equal_trainer_forward_only(sampler, prompts, trained_model, completion_logps):
     model = trained_model()
     params = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
     response = sampler.sample(prompts[:4], params, num_samples=2)
-    _assert_close([s.logprobs for s in response.sequences], _completion_logps(model, response.sequences))
+    _assert_close([s.logprobs for s in response.sequences], completion_logps(model, response.sequences))
 
 
-def test_logprobs_are_of_the_raw_distribution_whatever_the_sampling_transform(sampler, prompts, trained_model):
+def test_logprobs_are_of_the_raw_distribution_whatever_the_sampling_transform(
+    sampler, prompts, trained_model, completion_logps
+):
     """Temperature, top-k, top-p and penalties change which token is drawn, never the log-prob reported for it."""
     model = trained_model()
     params = SamplingParams(max_tokens=8, temperature=0.6, top_k=20, top_p=0.8, repetition_penalty=1.3, seed=0)
     response = sampler.sample(prompts[:3], params)
-    _assert_close([s.logprobs for s in response.sequences], _completion_logps(model, response.sequences))
+    _assert_close([s.logprobs for s in response.sequences], completion_logps(model, response.sequences))
 
 
-def test_adapter_logprobs_equal_trainer_with_that_adapter(sampler, prompts, trained_model, lora_of):
+def test_adapter_logprobs_equal_trainer_with_that_adapter(sampler, prompts, trained_model, lora_of, completion_logps):
     model = trained_model("tenant")
     sampler.add_adapter("tenant", *lora_of(model, "tenant"))
     response = sampler.sample(prompts[:3], SamplingParams(max_tokens=10, seed=5), adapter_name="tenant")
-    expected = _completion_logps(model, response.sequences, adapter_name="tenant")
+    expected = completion_logps(model, response.sequences, adapter_name="tenant")
     _assert_close([s.logprobs for s in response.sequences], expected)
 
 

@@ -12,7 +12,7 @@ sampler actor's log-probs equal the trainer actor's ``forward_only`` log-probs
 import pytest
 import torch
 
-from twinkle.data_format import IGNORE_INDEX, SamplingParams
+from twinkle.data_format import SamplingParams
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vLLM is not installed: `make test-vllm` runs these in .venv-vllm")
@@ -48,29 +48,16 @@ def actors(vllm_model_dir, vllm_engine_args):
     assert not ray.is_initialized()
 
 
-def completion_logps(model, sequences, adapter_name=None):
-    """The trainer actor's ``forward_only`` log-probs of each sequence's completion tokens."""
-    features = [s.new_input_feature for s in sequences]
-    output = model.forward_only(inputs=features, adapter_name=adapter_name)
-    return [
-        logps[torch.tensor(f["labels"]) != IGNORE_INDEX].tolist()
-        for logps, f in zip(output.logps, features, strict=True)
-    ]
-
-
-def gap(sequences, expected):
-    pairs = zip(sequences, expected, strict=True)
-    return max(abs(a - b) for s, row in pairs for a, b in zip(s.logprobs, row, strict=True))
-
-
-def test_lora_sync_from_the_model_actor_follows_the_trainer(actors, vllm_prompts, monkeypatch):
+def test_lora_sync_from_the_model_actor_follows_the_trainer(
+    actors, vllm_prompts, monkeypatch, completion_logps, logprob_gap
+):
     from twinkle.checkpoint_engine import CheckpointEngineManager
 
     model, sampler = actors
     manager = CheckpointEngineManager(model, sampler)
     manager.sync_weights()
     before = sampler.sample(vllm_prompts[:3], PARAMS).sequences  # the only adapter samples by default
-    first = gap(before, completion_logps(model, before, "policy"))
+    first = logprob_gap(before, completion_logps(model, before, "policy"))
     model.forward_backward(inputs=[s.new_input_feature for s in before])  # one real step moves every LoRA weight
     model.clip_grad_and_step()
     stale = completion_logps(model, before, "policy")
@@ -87,15 +74,15 @@ def test_lora_sync_from_the_model_actor_follows_the_trainer(actors, vllm_prompts
     monkeypatch.undo()
 
     after = sampler.sample(vllm_prompts[:3], PARAMS).sequences
-    measured = gap(after, completion_logps(model, after, "policy"))
+    measured = logprob_gap(after, completion_logps(model, after, "policy"))
     print(f"LoRA sync across actors: max |dlogp| {first:.2e} before the step, {measured:.2e} after it")
     assert first <= ATOL and measured <= ATOL
-    assert gap(before, stale) > 1e-3, "the training step changed the adapter"
+    assert logprob_gap(before, stale) > 1e-3, "the training step changed the adapter"
     assert received and not any(_holds_tensor(value) for value in received)
     assert sampler.adapter_names == ["policy"]
 
 
-def test_merged_sync_from_the_model_actor_resets_the_prefix_cache(actors, vllm_prompts):
+def test_merged_sync_from_the_model_actor_resets_the_prefix_cache(actors, vllm_prompts, completion_logps, logprob_gap):
     from twinkle.checkpoint_engine import CheckpointEngineManager
 
     model, sampler = actors
@@ -106,10 +93,11 @@ def test_merged_sync_from_the_model_actor_resets_the_prefix_cache(actors, vllm_p
     merged = sampler.sample(long_prompt, PARAMS, use_base_model=True).sequences
     policy = sampler.sample(vllm_prompts[:3], PARAMS, use_base_model=True).sequences
     measured = max(
-        gap(merged, completion_logps(model, merged, "policy")), gap(policy, completion_logps(model, policy, "policy"))
+        logprob_gap(merged, completion_logps(model, merged, "policy")),
+        logprob_gap(policy, completion_logps(model, policy, "policy")),
     )
     print(f"merged sync across actors: max |dlogp| vs the trainer's adapted model {measured:.2e}")
-    assert gap(base, completion_logps(model, base, "policy")) > 1e-3, "the policy is not the base model"
+    assert logprob_gap(base, completion_logps(model, base, "policy")) > 1e-3, "the policy is not the base model"
     assert measured <= ATOL
 
 

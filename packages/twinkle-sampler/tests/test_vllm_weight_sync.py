@@ -7,7 +7,7 @@ After each sync the sampler's log-probs equal the *updated* trainer's
 import pytest
 import torch
 
-from twinkle.data_format import IGNORE_INDEX, SamplingParams
+from twinkle.data_format import SamplingParams
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vLLM is not installed: `make test-vllm` runs these in .venv-vllm")
@@ -25,27 +25,13 @@ def sampler(vllm_model_dir, vllm_template, vllm_engine_args):
     return sampler
 
 
-def completion_logps(model, sequences, adapter_name=None):
-    features = [s.new_input_feature for s in sequences]
-    output = model.forward_only(inputs=features, adapter_name=adapter_name)
-    return [
-        logps[torch.tensor(f["labels"]) != IGNORE_INDEX].tolist()
-        for logps, f in zip(output.logps, features, strict=True)
-    ]
-
-
-def gap(sequences, expected):
-    pairs = zip(sequences, expected, strict=True)
-    return max(abs(a - b) for s, row in pairs for a, b in zip(s.logprobs, row, strict=True))
-
-
 def train_one_step(model, sequences):
     """One real optimizer step on the sampled completions, so every trained weight moves."""
     model.forward_backward(inputs=[s.new_input_feature for s in sequences])
     model.clip_grad_and_step()
 
 
-def test_lora_sync_from_tensors_follows_the_trainer(sampler, vllm_trainer, vllm_prompts):
+def test_lora_sync_from_tensors_follows_the_trainer(sampler, vllm_trainer, vllm_prompts, completion_logps, logprob_gap):
     from twinkle.checkpoint_engine import CheckpointEngineManager
 
     model = vllm_trainer("policy")
@@ -53,15 +39,15 @@ def test_lora_sync_from_tensors_follows_the_trainer(sampler, vllm_trainer, vllm_
     manager = CheckpointEngineManager(model, sampler)
     manager.sync_weights()
     before = sampler.sample(vllm_prompts[:3], PARAMS)  # the only adapter samples by default
-    assert gap(before.sequences, completion_logps(model, before.sequences, "policy")) <= ATOL
+    assert logprob_gap(before.sequences, completion_logps(model, before.sequences, "policy")) <= ATOL
     train_one_step(model, before.sequences)
     stale = completion_logps(model, before.sequences, "policy")
     manager.sync_weights()
     after = sampler.sample(vllm_prompts[:3], PARAMS)
-    measured = gap(after.sequences, completion_logps(model, after.sequences, "policy"))
+    measured = logprob_gap(after.sequences, completion_logps(model, after.sequences, "policy"))
     print(f"LoRA sync: max |dlogp| vs the updated trainer {measured:.2e}")
     assert measured <= ATOL
-    assert gap(before.sequences, stale) > 1e-3, "the training step changed the adapter"
+    assert logprob_gap(before.sequences, stale) > 1e-3, "the training step changed the adapter"
     # the tensors went into the sampler's private directory: one per served adapter, old versions removed
     served = 1 + sampler.base_rows_through_zero_adapter
     assert len(list(sampler._root.iterdir())) == served
@@ -69,18 +55,22 @@ def test_lora_sync_from_tensors_follows_the_trainer(sampler, vllm_trainer, vllm_
     assert len(list(sampler._root.iterdir())) == served - 1
 
 
-def test_merged_sync_serves_the_adapted_policy_as_the_base_model(sampler, vllm_trainer, vllm_prompts):
+def test_merged_sync_serves_the_adapted_policy_as_the_base_model(
+    sampler, vllm_trainer, vllm_prompts, completion_logps, logprob_gap
+):
     from twinkle.checkpoint_engine import CheckpointEngineManager
 
     model = vllm_trainer("policy")
     CheckpointEngineManager(model, sampler).sync_weights(merge_and_sync=True)
     response = sampler.sample(vllm_prompts[:3], PARAMS, use_base_model=True)
-    measured = gap(response.sequences, completion_logps(model, response.sequences, "policy"))
+    measured = logprob_gap(response.sequences, completion_logps(model, response.sequences, "policy"))
     print(f"merged sync: max |dlogp| vs the trainer's adapted model {measured:.2e}")
     assert measured <= ATOL
 
 
-def test_full_parameter_sync_including_the_tied_embedding(sampler, vllm_trainer, vllm_prompts):
+def test_full_parameter_sync_including_the_tied_embedding(
+    sampler, vllm_trainer, vllm_prompts, completion_logps, logprob_gap
+):
     from twinkle.checkpoint_engine import CheckpointEngineManager
 
     model = vllm_trainer()  # no adapter: every weight trains, the tied embedding / output layer too
@@ -89,12 +79,14 @@ def test_full_parameter_sync_including_the_tied_embedding(sampler, vllm_trainer,
     train_one_step(model, first.sequences)
     CheckpointEngineManager(model, sampler).sync_weights(merge_and_sync=True)
     response = sampler.sample(vllm_prompts[:3], PARAMS, use_base_model=True)
-    measured = gap(response.sequences, completion_logps(model, response.sequences))
+    measured = logprob_gap(response.sequences, completion_logps(model, response.sequences))
     print(f"full-parameter sync: max |dlogp| vs the updated trainer {measured:.2e}")
     assert measured <= ATOL
 
 
-def test_a_sync_without_resetting_the_prefix_cache_samples_from_stale_prefixes(sampler, vllm_trainer, vllm_prompts):
+def test_a_sync_without_resetting_the_prefix_cache_samples_from_stale_prefixes(
+    sampler, vllm_trainer, vllm_prompts, completion_logps, logprob_gap
+):
     """Shown once on the raw engine: reload weights, keep the prefix cache, and a cached prompt is wrong."""
     block = sampler.llm.llm_engine.vllm_config.cache_config.block_size
     long_prompt = {"input_ids": [token for p in vllm_prompts for token in p["input_ids"]][: 2 * block + 5]}
@@ -109,19 +101,19 @@ def test_a_sync_without_resetting_the_prefix_cache_samples_from_stale_prefixes(s
     sampler.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
     sampler.llm.collective_rpc("twinkle_retie_output_layer")
     stale = sampler.sample(long_prompt, PARAMS, use_base_model=True)
-    stale_gap = gap(stale.sequences, completion_logps(model, stale.sequences))
+    stale_gap = logprob_gap(stale.sequences, completion_logps(model, stale.sequences))
     sampler.reset_prefix_cache()
     fresh = sampler.sample(long_prompt, PARAMS, use_base_model=True)
-    fresh_gap = gap(fresh.sequences, completion_logps(model, fresh.sequences))
+    fresh_gap = logprob_gap(fresh.sequences, completion_logps(model, fresh.sequences))
     print(f"after a reload: max |dlogp| {stale_gap:.2e} with the old prefix cache, {fresh_gap:.2e} once reset")
     assert stale_gap > 1e-3 and fresh_gap <= ATOL
 
 
-def test_sleep_and_wake_up_keep_the_weights(sampler, vllm_trainer, vllm_prompts):
+def test_sleep_and_wake_up_keep_the_weights(sampler, vllm_trainer, vllm_prompts, completion_logps, logprob_gap):
     """Between rounds an engine may sleep (on a GPU vLLM frees its memory); woken, it samples the same model."""
     model = vllm_trainer()
     sampler.load_base_weights(model.model.state_dict())
     sampler.sleep()
     sampler.wake_up()
     response = sampler.sample(vllm_prompts[:2], PARAMS, use_base_model=True)
-    assert gap(response.sequences, completion_logps(model, response.sequences)) <= ATOL
+    assert logprob_gap(response.sequences, completion_logps(model, response.sequences)) <= ATOL

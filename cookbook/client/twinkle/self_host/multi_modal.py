@@ -34,7 +34,7 @@ BATCH_SIZE = int(os.environ.get("BATCH_SIZE", 8))
 LEARNING_RATE = float(os.environ.get("LR", 2e-3))
 LORA_RANK = int(os.environ.get("LORA_RANK", 16))
 SEED = int(os.environ.get("SEED", 42))
-# The language model's layers (LoRA on the vision tower is not served yet).
+# The language model's layers; target_modules="all-linear" adapts the vision tower and its mergers too.
 LANGUAGE = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 
 
