@@ -1,13 +1,14 @@
 """Under ``torchrun --nproc_per_node 2``: MegatronModel trains in each of :data:`LAYOUTS` (TP, PP, DP; TP, EP on MoE).
 
-    torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp,pp,ep-moe OUTPUT_DIR
+    torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp,pp,ep-moe,tenants OUTPUT_DIR
 
 Every weight, then a LoRA adapter (PEFT's "all-linear", which on the MoE builtin adapts the attention, the
 fused experts and the router; the attention's projections only where experts are split by ``ep_size``),
 trains for 5 steps in float64 (a checkpoint with the optimizer after step 2, the final weights after step
 5); in the :data:`RESUMED` layouts a fresh model then resumes from the step-2 checkpoint for the last 3
 steps. Rank 0 prints ``RESULT`` and the JSON of each layout's and kind's losses, gradient norms and paths;
-the same runs in one process are :func:`run` with no mesh. test_megatron_parallel.py runs both and compares.
+the same runs in one process are :func:`run` with no mesh. ``tenants``: :func:`train_tenants` at ``tp_size=2``.
+test_megatron_parallel.py runs both and compares.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from resumed_training import train_save_resume
 
 import twinkle
 from twinkle import DeviceMesh
-from twinkle.model.megatron import MegatronModel
+from twinkle.model import AdapterRequest
+from twinkle.model.megatron import MegatronModel, MultiLoraMegatronModel
 
 MODEL = "builtin://qwen3-tiny"
 MOE_MODEL = "builtin://qwen3-moe-tiny"
@@ -43,6 +45,8 @@ LAYOUTS = {
 # The layouts whose checkpoints are cut differently from one process's (or another layout's): these resume.
 RESUMED = ("tp", "pp", "ep-moe")
 KINDS = ("full", "lora")
+# Tenants' adapters in shared passes on the MoE builtin (MultiLoraMegatronModel): name -> (rank, target_modules).
+TENANTS = {"all": (4, ALL_LINEAR), "attention": (2, ATTENTION)}
 
 
 def make_model(
@@ -72,6 +76,25 @@ def run(
     return train_save_resume(lambda: make_model(mesh, lora, model_id, targets), batch, output_dir, 3, resume)
 
 
+def train_tenants(mesh: DeviceMesh | None) -> dict[str, dict[str, list[float]]]:
+    """:data:`TENANTS` for 3 steps in shared ``forward_backward_many`` passes, each on its own half of the data:
+    each one's losses and gradient norms."""
+    model = MultiLoraMegatronModel(MOE_MODEL, device="cpu", dtype=torch.float64, device_mesh=mesh, max_rank=4)
+    features = encoded_conversations(MOE_MODEL)
+    record: dict[str, dict[str, list[float]]] = {}
+    for seed, (name, (rank, targets)) in enumerate(TENANTS.items()):
+        modules = targets if isinstance(targets, str) else list(targets)
+        model.add_adapter_to_model(name, LoraConfig(r=rank, lora_alpha=8, target_modules=modules), seed=seed)
+        model.set_optimizer("AdamW", adapter_name=name, lr=1e-2)
+        record[name] = {"losses": [], "norms": []}
+    for _step in range(3):
+        requests = [AdapterRequest(name, features[index::2]) for index, name in enumerate(TENANTS)]
+        for name, result in zip(TENANTS, model.forward_backward_many(requests), strict=True):
+            record[name]["losses"].append(result.unwrap().loss)
+            record[name]["norms"].append(model.clip_grad_and_step(adapter_name=name)["grad_norm"])
+    return record
+
+
 def main(layouts: list[str], output_dir: Path) -> None:
     """Each layout in turn, in these processes (megatron-core's groups are rebuilt between layouts)."""
     from megatron.core import parallel_state
@@ -80,6 +103,10 @@ def main(layouts: list[str], output_dir: Path) -> None:
     world = int(os.environ["WORLD_SIZE"])
     results = {}
     for layout in layouts:
+        if layout == "tenants":
+            results[layout] = train_tenants(DeviceMesh.from_sizes(world_size=world, tp_size=world))
+            parallel_state.destroy_model_parallel()
+            continue
         model_id, dims, targets = LAYOUTS[layout]
         mesh = DeviceMesh.from_sizes(world_size=world, **{f"{dim}_size": world for dim in dims})
         results[layout] = {

@@ -9,7 +9,9 @@ and with ``ep_size=2`` over ``dp_size=2`` (four of the eight experts of every la
 all-to-all). This process runs the same steps alone. In float64 (where only summation order differs): the
 losses and gradient norms agree to 1e-8 (MoE: 1e-6, see ``MOE_TOL``), clipping binds, resuming from the
 step-2 checkpoint repeats steps 3-5, and the final checkpoints (shards gathered whole) load in plain
-transformers (+ PEFT for the adapter) with the one-process checkpoint's logits.
+transformers (+ PEFT for the adapter) with the one-process checkpoint's logits. Two tenants' adapters trained
+together in shared passes (``MultiLoraMegatronModel``, the MoE builtin) at ``tp_size=2`` get the losses and
+gradient norms they get in one process (where test_megatron_multi_lora.py shows each equals training alone).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from transformers import AutoModelForCausalLM
 pytest.importorskip("megatron.core", reason="needs twinkle-model[megatron]")
 sys.path.insert(0, str(Path(__file__).parent))
 from conversations import encoded_conversations
-from megatron_training import KINDS, LAYOUTS, MODEL, MOE_MODEL, RESUMED, make_model, run
+from megatron_training import KINDS, LAYOUTS, MODEL, MOE_MODEL, RESUMED, make_model, run, train_tenants
 from resumed_training import steps
 from torchrun_harness import CPU_ONLY, TIMEOUT_S, free_port
 
@@ -61,7 +63,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     for model_id in (MODEL, MOE_MODEL):
         resolve_model(model_id)  # built once, before several processes
     output = tmp_path_factory.mktemp("megatron")
-    results = _torchrun(list(LAYOUTS), output)  # one launch: megatron-core's import is most of a run's time
+    results = _torchrun([*LAYOUTS, "tenants"], output)  # one launch: megatron-core's import is most of a run's time
     for layout in LAYOUTS:
         model_id, _, targets = LAYOUTS[layout]
         for kind in KINDS:
@@ -122,3 +124,11 @@ def test_a_pipeline_parallel_checkpoint_resumes_in_one_process(runs, kind):
     model.resume_from_checkpoint(Path(runs["pp"][kind]["final"]).parent / "step-2")
     losses, _ = steps(model, encoded_conversations(MODEL), 3)
     assert losses == pytest.approx(runs["pp"][kind]["losses"][2:], **TOL)
+
+
+def test_tenants_in_shared_passes_at_tp_2_equal_one_process(runs):
+    alone = train_tenants(None)
+    for name, record in runs["tenants"].items():
+        print(f"tenant {name}: tp_size=2 losses {record['losses']}, one process {alone[name]['losses']}")
+        assert record["losses"] == pytest.approx(alone[name]["losses"], **MOE_TOL)
+        assert record["norms"] == pytest.approx(alone[name]["norms"], **MOE_TOL)

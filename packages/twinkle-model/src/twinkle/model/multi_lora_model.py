@@ -16,7 +16,6 @@ released.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,45 +23,32 @@ from typing import Any
 import torch
 from peft import LoraConfig, PeftConfig
 
-from twinkle.errors import ConfigurationError, InvalidInputError
+from twinkle.errors import ConfigurationError
 from twinkle.infra import remote_class
 from twinkle.model.multi_lora_adapters import MultiLoraAdapter, create_adapter
-from twinkle.model.passes.loss_inputs import check_micro_batch_size
 from twinkle.model.passes.multimodal import multimodal_base
-from twinkle.model.passes.plans import LossPlan, Plan, TargetsPlan
-from twinkle.model.passes.requests import AdapterRequest, AdapterResult, TargetsRequest, model_limits
+from twinkle.model.shared_passes import SharedPasses
 from twinkle.model.train_state import TrainState
-from twinkle.model.training_model import TrainingModel
 from twinkle.module import ImageRows, adapter_rows, read_adapter_dir, remove_adapter, write_adapter_dir
 from twinkle.registry import register
 
 
 @register("model")
 @remote_class
-class MultiLoraModel(TrainingModel):
+class MultiLoraModel(SharedPasses):
     """Up to ``max_loras`` resident LoRA adapters of rank at most ``max_rank`` over one frozen base model.
 
-    Other arguments are :class:`TrainingModel`'s. See the module docstring.
+    Other arguments are :class:`TrainingModel`'s. See the module docstring and :class:`SharedPasses`.
     """
 
-    trains_full_model = False
     supports_data_parallel = False  # its shared passes run outside a DDP/FSDP wrapper
 
     def __init__(self, model_id: str | None = None, max_loras: int = 8, max_rank: int = 64, **kwargs: Any) -> None:
-        for option, value in (("max_loras", max_loras), ("max_rank", max_rank)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{option} must be an int >= 1, got {value!r}")
-        super().__init__(model_id, **kwargs)
-        self.model.requires_grad_(False)  # the base is shared by every tenant: only adapters train
-        self.max_loras = max_loras
-        self.max_rank = max_rank
+        super().__init__(model_id, max_loras, max_rank, **kwargs)
         self._adapters: dict[str, MultiLoraAdapter] = {}
 
     def _add_adapter(self, adapter_name: str, config: PeftConfig, directory: Path | None) -> list[torch.nn.Parameter]:
-        if len(self._adapters) >= self.max_loras:
-            raise ConfigurationError(
-                f"all {self.max_loras} adapter slots are in use ({sorted(self._adapters)}); remove one first"
-            )
+        self.check_capacity()
         adapter = create_adapter(self.model, adapter_name, config, self.max_rank)
         try:
             if directory:
@@ -73,71 +59,13 @@ class MultiLoraModel(TrainingModel):
         self._adapters[adapter_name] = adapter
         return adapter.parameters()
 
-    def remove_adapter(self, adapter_name: str) -> None:
-        """Drop an adapter with its optimizer, scheduler and gradients; its saved checkpoints stay loadable."""
-        self.train_state(adapter_name)  # a clear error for an unknown name
+    def _drop_adapter(self, adapter_name: str) -> None:
         remove_adapter(self.model, adapter_name)
-        del self._adapters[adapter_name], self._states[adapter_name]
-        gc.collect()  # optimizer state and autograd graphs can hold reference cycles
+        del self._adapters[adapter_name]
 
     def adapter_config(self, adapter_name: str) -> LoraConfig:
         self.train_state(adapter_name)
         return self._adapters[adapter_name].config
-
-    def forward_backward_many(
-        self,
-        requests: Sequence[AdapterRequest | TargetsRequest | Mapping[str, Any]],
-        micro_batch_size: int | None = None,
-    ) -> list[AdapterResult]:
-        """One forward and backward over several adapters' requests, each with its own loss.
-
-        Each request is an :class:`AdapterRequest` (features and the adapter's
-        registered loss, as ``forward_backward`` takes them) or a
-        :class:`TargetsRequest` (explicit targets and a loss function, as
-        ``forward_backward_targets`` takes them), or a dict of either's fields.
-        Returns one :class:`AdapterResult` per request, in order: the output the
-        single-adapter call would return, or the error that stopped it. A
-        failing request (bad input, an exception in its loss, a non-finite
-        loss) leaves its adapter exactly as it was and does not change any
-        other request's result.
-        """
-        check_micro_batch_size(micro_batch_size)
-        results: list[AdapterResult] = []
-        plans: list[Plan] = []
-        for index, request in enumerate(requests):
-            result = AdapterResult(_adapter_name(request))
-            results.append(result)
-            try:
-                plans.append(self._plan(request, index, result, {plan.state.name for plan in plans}, micro_batch_size))
-            except Exception as exc:  # reported to this request only
-                result.error = exc
-        self._engine.run(plans, micro_batch_size)
-        return results
-
-    def _plan(
-        self, request: Any, index: int, result: AdapterResult, taken: set[str], micro_batch_size: int | None
-    ) -> Plan:
-        """Validate one request completely before anything runs."""
-        if isinstance(request, Mapping):
-            request = TargetsRequest(**request) if "sequences" in request else AdapterRequest(**request)
-        if not isinstance(request, (AdapterRequest, TargetsRequest)):
-            kind = type(request).__name__
-            raise InvalidInputError(
-                f"requests[{index}] must be an AdapterRequest, a TargetsRequest or a dict, got {kind}"
-            )
-        name = request.adapter_name
-        if not isinstance(name, str):
-            raise InvalidInputError(f"requests[{index}].adapter_name must name an adapter, got {name!r}")
-        if name in taken:
-            raise InvalidInputError(f"adapter {name!r} appears in more than one request: merge its batches into one")
-        state = self.train_state(name)
-        if isinstance(request, TargetsRequest):
-            limits = model_limits(self.model)
-            return TargetsPlan(
-                state, result, request.sequences, request.loss_fn, request.backward, limits, self.parallel
-            )
-        features = self._batches.features(state, request.inputs)
-        return LossPlan(state, result, features, request.loss_inputs, self.parallel, True, micro_batch_size)
 
     # ------------------------------------------------------------------ weight sync (CheckpointEngineManager)
 
@@ -208,8 +136,3 @@ class MultiLoraModel(TrainingModel):
 def _weight_key(target: str, weights: Mapping[str, torch.Tensor]) -> str:
     """The state-dict key of what ``target`` adapts: a parameter's own name, or a linear layer's ``.weight``."""
     return target if target in weights else f"{target}.weight"
-
-
-def _adapter_name(request: Any) -> str | None:
-    name = request.get("adapter_name") if isinstance(request, Mapping) else getattr(request, "adapter_name", None)
-    return name if isinstance(name, str) else None

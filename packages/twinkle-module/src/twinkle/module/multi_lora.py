@@ -72,6 +72,20 @@ class RowRouting:
     # patches, then its merged patches): the routing whose ``batch_size`` is the layer's input count applies.
     alternates: tuple[RowRouting, ...] = ()
 
+    @classmethod
+    def of_rows(cls, row_adapters: Sequence[str | None], device: torch.device) -> RowRouting:
+        """Row ``i`` to adapter ``row_adapters[i]`` (``None``: no adapter), index tensors on ``device``."""
+        rows_by_name: dict[str, list[int]] = {}
+        for row, name in enumerate(row_adapters):
+            if name is not None:
+                rows_by_name.setdefault(name, []).append(row)
+        batch_size = len(row_adapters)
+        groups = tuple(
+            (name, None if len(rows) == batch_size else torch.tensor(rows, dtype=torch.long, device=device))
+            for name, rows in rows_by_name.items()
+        )
+        return cls(batch_size, groups)
+
     def of_input(self, count: int) -> RowRouting:
         """The routing for a layer input of ``count`` rows (or flattened tokens)."""
         for routing in (self, *self.alternates):
@@ -364,7 +378,7 @@ def adapter_rows(
     if unknown:
         raise InvalidInputError(f"unknown adapter(s) {unknown}; adapters: {sorted(known)}")
     device = next(modules[0].parameters()).device if modules else torch.device("cpu")
-    routing = _routing(row_adapters, device)
+    routing = RowRouting.of_rows(row_adapters, device)
     tower = set() if images is None else {id(module) for module in images.tower.modules()}
     tower_routing = None if images is None else images.routing(routing)
     previous = [module.routing for module in modules]
@@ -375,16 +389,3 @@ def adapter_rows(
     finally:
         for module, outer in zip(modules, previous, strict=True):
             module.routing = outer
-
-
-def _routing(row_adapters: Sequence[str | None], device: torch.device) -> RowRouting:
-    rows_by_name: dict[str, list[int]] = {}
-    for row, name in enumerate(row_adapters):
-        if name is not None:
-            rows_by_name.setdefault(name, []).append(row)
-    batch_size = len(row_adapters)
-    groups = tuple(
-        (name, None if len(rows) == batch_size else torch.tensor(rows, dtype=torch.long, device=device))
-        for name, rows in rows_by_name.items()
-    )
-    return RowRouting(batch_size, groups)

@@ -12,14 +12,17 @@ transformers + PEFT load it. megatron fuses projections, so the pairs ride on it
   slice; the rank-r product is summed over the group and ``B`` (whole) maps it out.
 
 The pairs are kept in :class:`MegatronLora` beside the model's layers (whose parameters keep megatron's
-names) and added to a layer's output by a forward hook, for the adapter of the current forward only.
+names) and added to a layer's output by a forward hook. Each batch row gets its own adapter's update (or
+none): a forward runs under :meth:`MegatronLora.routed`, whose :class:`~twinkle.module.RowRouting` picks the
+rows (dim 1 of megatron's ``[S, B, H]``; a MoE layer's flattened tokens map back to their rows), so many
+tenants' adapters train in one pass over one base.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,10 +32,10 @@ from peft import LoraConfig
 from peft.tuners.tuners_utils import check_target_module_exists
 from torch import nn
 
-from twinkle.errors import ConfigurationError
+from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.model.megatron.collectives import copy_to_group, sum_over_group
 from twinkle.model.megatron.expert_lora import expert_pair, expert_rank, expert_targets, expert_update, unknown_targets
-from twinkle.module import pattern_value
+from twinkle.module import RowRouting, pattern_value
 
 # megatron's linear of a decoder layer -> the transformers projections it fuses, in its output's order.
 FUSED = {
@@ -59,7 +62,7 @@ class MegatronLora(nn.Module):
         # adapter -> (layer, fused expert tensor) -> the PEFT module name its pair is saved under
         self.expert_modules: dict[str, dict[tuple[int, str], str]] = {}
         self.num_experts = 0  # per MoE layer; 0 for a dense model
-        self.active: str | None = None
+        self.routing: RowRouting | None = None  # the current forward's rows of each adapter
 
     def add(
         self,
@@ -144,49 +147,69 @@ class MegatronLora(nn.Module):
         self.expert_modules.pop(name, None)
 
     def expert_update(self, layer: int) -> Any:
-        """The LoRA update of decoder layer ``layer``'s experts and router under the active adapter (see .moe)."""
+        """The LoRA update of decoder layer ``layer``'s experts and router for the routed rows (see .moe).
 
-        def update(param: str, expert: int, x: torch.Tensor) -> torch.Tensor | None:
-            active = self.active
-            module = None if active is None else self.expert_modules.get(active, {}).get((layer, param))
-            if active is None or module is None:
+        The update takes ``x`` (tokens of the flattened ``[S·B, H]``, those at ``tokens``; all when ``None``).
+        """
+
+        def update(param: str, expert: int, x: torch.Tensor, tokens: torch.Tensor | None) -> torch.Tensor | None:
+            if self.routing is None:
                 return None
-            pairs: Any = self.adapters[active]
-            count = 1 if param == "router" else self.num_experts
-            return expert_update(pairs[_key(module)], count, self.scaling[active][module], expert, x)
+            index_N = torch.arange(x.shape[0], device=x.device) if tokens is None else tokens
+            rows_N = index_N % self.routing.batch_size  # token s·B + b of the flattened [S, B] is one of row b
+            total = None
+            for name, picked in self.routing.for_tokens(rows_N).groups:
+                module = self.expert_modules.get(name, {}).get((layer, param))
+                if module is None:
+                    continue
+                pairs: Any = self.adapters[name]
+                count = 1 if param == "router" else self.num_experts
+                x_n = x if picked is None else x.index_select(0, picked)
+                delta = expert_update(pairs[_key(module)], count, self.scaling[name][module], expert, x_n)
+                if picked is not None:
+                    delta = delta.new_zeros(x.shape[0], delta.shape[-1]).index_add(0, picked, delta)
+                total = delta if total is None else total + delta
+            return total
 
         return update
 
     @contextmanager
-    def activated(self, name: str | None) -> Iterator[None]:
-        """Within the block, the layers add adapter ``name``'s updates (``None``: none)."""
-        previous, self.active = self.active, name
+    def routed(self, row_adapters: Sequence[str | None], device: torch.device) -> Iterator[None]:
+        """Within the block, batch row ``i`` gets adapter ``row_adapters[i]``'s updates (``None``: none)."""
+        unknown = sorted({name for name in row_adapters if name is not None and name not in self.adapters})
+        if unknown:
+            raise InvalidInputError(f"unknown adapter(s) {unknown}; adapters: {sorted(self.adapters)}")
+        previous, self.routing = self.routing, RowRouting.of_rows(row_adapters, device)
         try:
             yield
         finally:
-            self.active = previous
+            self.routing = previous
 
     def hook(self, layer: int, fused: str) -> Any:
         """The forward hook of decoder layer ``layer``'s megatron linear ``fused``."""
+        names = [f"model.layers.{layer}.{projection}" for projection in FUSED[fused]]
 
         def add_updates(module: Any, inputs: tuple[torch.Tensor, ...], output: Any) -> Any:
-            if self.active is None:
+            if self.routing is None:
                 return output
-            pairs: Any = self.adapters[self.active]
-            names = [f"model.layers.{layer}.{projection}" for projection in FUSED[fused]]
-            if not any(_key(name) in pairs for name in names):
-                return output
-            delta = self._delta(inputs[0], names, fused, module, pairs, self.scaling[self.active])
             out, bias = output
-            return out + delta.to(out.dtype), bias
+            x_SBI = inputs[0]
+            for name, rows in self.routing.of_input(x_SBI.shape[1]).groups:
+                pairs: Any = self.adapters[name]
+                if not any(_key(n) in pairs for n in names):
+                    continue
+                x = x_SBI if rows is None else x_SBI.index_select(1, rows)
+                delta = self._delta(x, names, fused, module, name).to(out.dtype)
+                out = out + delta if rows is None else out.index_add(1, rows, delta)
+            return out, bias
 
         return add_updates
 
-    def _delta(
-        self, x: torch.Tensor, names: list[str], fused: str, module: Any, pairs: Any, scaling: dict[str, float]
-    ) -> torch.Tensor:
-        config = self.configs[self.active] if self.active else None
-        dropout = float(config.lora_dropout) if config is not None else 0.0
+    def _delta(self, x: torch.Tensor, names: list[str], fused: str, module: Any, adapter: str) -> torch.Tensor:
+        """Adapter ``adapter``'s update of ``fused``'s output (this rank's part) for the rows ``x``."""
+        pairs: Any = self.adapters[adapter]
+        scaling = self.scaling[adapter]
+        dropout = float(self.configs[adapter].lora_dropout)
         if dropout and module.training:
             x = nn.functional.dropout(x, dropout)
         if fused in _ROW_PARALLEL:  # x holds this rank's input slice; A its columns

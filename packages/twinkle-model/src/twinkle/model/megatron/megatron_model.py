@@ -117,10 +117,7 @@ class MegatronModel(TrainingModel):
     def _route_rows(
         self, row_adapters: Sequence[str | None], batch: Mapping[str, torch.Tensor] | None
     ) -> AbstractContextManager[None]:
-        names = set(row_adapters)
-        if len(names) > 1:
-            raise ConfigurationError(f"MegatronModel runs one adapter per forward, got {sorted(map(str, names))}")
-        return self.model.lora.activated(next(iter(names), None))
+        return self.model.lora.routed(row_adapters, self.device)
 
     # ------------------------------------------------------------------ weight sync (CheckpointEngineManager)
 

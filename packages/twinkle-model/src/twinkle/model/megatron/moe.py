@@ -21,6 +21,8 @@ from torch import nn
 from twinkle.model.megatron.collectives import copy_to_group, sum_over_group
 from twinkle.model.megatron.conversion import num_experts
 
+LoraUpdate = Callable[[str, int, torch.Tensor, torch.Tensor | None], torch.Tensor | None]
+
 
 class FusedExperts(nn.Module):
     """A layer's experts as transformers fuses them (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``), this
@@ -30,8 +32,8 @@ class FusedExperts(nn.Module):
     def __init__(self, experts: int, hidden: int, width: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.act_fn = nn.functional.silu
-        # (tensor name, expert, rows) -> the active adapter's low-rank update of those rows (None: no adapter).
-        self.lora_update: Callable[[str, int, torch.Tensor], torch.Tensor | None] = lambda *_: None
+        # (tensor name, expert, rows x, their token indices) -> the adapters' low-rank update of x (None: none).
+        self.lora_update: LoraUpdate = lambda *_: None
         self.gate_up_proj = nn.Parameter(torch.zeros(experts, 2 * width, hidden, dtype=dtype))
         self.down_proj = nn.Parameter(torch.zeros(experts, hidden, width, dtype=dtype))
         for param, dim, stride in ((self.gate_up_proj, 1, 2), (self.down_proj, 2, 1)):
@@ -43,14 +45,14 @@ class FusedExperts(nn.Module):
         for expert in experts_NK.unique().tolist():
             tokens, slot = torch.where(experts_NK == expert)
             x = x_NH[tokens]
-            gate, up = self._projected("gate_up_proj", expert, x).chunk(2, dim=-1)
-            expert_out = self._projected("down_proj", expert, self.act_fn(gate) * up)
+            gate, up = self._projected("gate_up_proj", expert, x, tokens).chunk(2, dim=-1)
+            expert_out = self._projected("down_proj", expert, self.act_fn(gate) * up, tokens)
             out_NH = out_NH.index_add(0, tokens, expert_out * weights_NK[tokens, slot, None])
         return out_NH
 
-    def _projected(self, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
+    def _projected(self, name: str, expert: int, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         out = nn.functional.linear(x, getattr(self, name)[expert])
-        update = self.lora_update(name, expert, x)
+        update = self.lora_update(name, expert, x, tokens)
         return out if update is None else out + update
 
 
@@ -74,13 +76,13 @@ class MegatronMoE(nn.Module):
         self.router = nn.Parameter(torch.zeros(experts, hidden, dtype=dtype))
         self.router.partial_over_tensor_parallel = True  # type: ignore[attr-defined]
         self.experts = FusedExperts(experts, hidden, hf_config.moe_intermediate_size // size, dtype)
-        self.lora_update: Callable[[str, int, torch.Tensor], torch.Tensor | None] = lambda *_: None  # the router's
+        self.lora_update: LoraUpdate = lambda *_: None  # the router's
 
     def forward(self, hidden_SBH: torch.Tensor, **_: Any) -> tuple[torch.Tensor, None]:
         shape = hidden_SBH.shape
         x_NH = copy_to_group(hidden_SBH.reshape(-1, shape[-1]), self.group, self.size)
         logits_NE = nn.functional.linear(x_NH, self.router)
-        update = self.lora_update("router", 0, x_NH)
+        update = self.lora_update("router", 0, x_NH, None)
         logits_NE = logits_NE if update is None else logits_NE + update
         probs_NE = torch.softmax(logits_NE, dim=-1, dtype=torch.float)
         weights_NK, experts_NK = torch.topk(probs_NE, self.top_k, dim=-1)
