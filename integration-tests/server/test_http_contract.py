@@ -99,7 +99,7 @@ def test_schemathesis_finds_no_failure(server, tmp_path):
     command = [
         *(sys.executable, "-m", "schemathesis.cli", "run", f"{server.url}/openapi.json"),
         *("--header", f"Authorization: Bearer {server.keys[USER]}"),
-        *("--phases", "coverage,fuzzing,stateful", "--max-examples", "6", "--seed", "1", "--workers", "1"),
+        *("--phases", "coverage,fuzzing,stateful", "--max-examples", "3", "--seed", "1", "--workers", "1"),
         *("--checks", CHECKS, "--request-timeout", "60", "--no-color", "--generation-database", "none"),
         # Health checks judge the generator (e.g. few random strings survive as a URL path segment), not the server.
         *("--suppress-health-check", "filter_too_much,too_slow"),

@@ -183,6 +183,7 @@ def test_model_options_reach_the_models_the_server_builds(tmp_path):
 
     config = load_config(_write(tmp_path, "gradient_checkpointing: true\nkernels: true\n"))
     assert config.model_options == {
+        "backend": "transformers",
         "gradient_checkpointing": True,
         "kernels": True,
         "record_routing": False,
@@ -195,6 +196,18 @@ def test_model_options_reach_the_models_the_server_builds(tmp_path):
     assert report is not None and {entry.target for entry in report.entries} >= {"Qwen3RMSNorm", "output_logps"}
     with pytest.raises(ConfigurationError, match="kernels"):
         load_config(_write(tmp_path, "kernels: triton\n", "bad.yaml"))
+
+
+def test_backend_megatron_is_checked_with_the_options_it_cannot_take_yet(tmp_path):
+    assert check_config(_write(tmp_path, "backend: megatron\n")) == []
+    problems = check_config(_write(tmp_path, "backend: megatron\nkernels: true\nrecord_routing: true\n", "b.yaml"))
+    assert problems == [
+        "kernels: not available with backend: megatron yet (use backend: transformers)",
+        "record_routing: not available with backend: megatron yet (use backend: transformers)",
+    ]
+    assert check_config(_write(tmp_path, "backend: jax\n", "c.yaml")) == [
+        "backend: 'jax' is not a training back-end; one of transformers, megatron"
+    ]
 
 
 def test_record_routing_reaches_the_samplers_and_needs_a_moe_model(tmp_path):

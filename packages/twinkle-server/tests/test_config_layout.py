@@ -95,14 +95,18 @@ def test_one_model_replica_runs_in_the_server_process(tmp_path):
     assert load_config(_write(tmp_path, data)).ray is True
 
 
-def test_what_the_server_does_not_have_yet_is_named_with_its_issue(tmp_path):
+def test_use_megatron_and_backend_megatron_mean_backend_megatron_and_must_agree(tmp_path):
     data = _layout()
     data["use_megatron"] = True
     _app(data, "model")["args"]["backend"] = "megatron"
+    assert check_config(_write(tmp_path, data)) == []
+    assert load_config(_write(tmp_path, data)).backend == "megatron"
+    data["use_megatron"] = False  # and the model's backend: megatron
     problems = check_config(_write(tmp_path, data))
-    assert "use_megatron: the Megatron back-end is not available yet (issue 17); use backend: transformers" in problems
-    assert _has(problems, "applications[1].args.backend: the Megatron back-end")
-    assert len(problems) == 2
+    assert _has(problems, "use_megatron: 'transformers' disagrees with applications[1].args.backend ('megatron')")
+    del data["use_megatron"]
+    _app(data, "model")["args"]["backend"] = "deepspeed"
+    assert _has(check_config(_write(tmp_path, data)), "applications[1].args.backend: 'deepspeed': the server trains")
 
 
 def test_a_vllm_sampler_application_means_sampler_vllm_with_its_engine_args(tmp_path):

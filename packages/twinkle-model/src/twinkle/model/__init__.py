@@ -1,8 +1,9 @@
 """Training back-ends behind the semantic model API (``forward_backward``, ``clip_grad_and_step``, ``save``...).
 
 ``TransformersModel`` trains one adapter (PEFT) or all weights per call;
-``MultiLoraModel`` trains many tenants' adapters together in shared passes.
-Both run every call through one pass engine (:mod:`twinkle.model.passes`).
+``MultiLoraModel`` trains many tenants' adapters together in shared passes
+(``SharedPasses``, which the Megatron back-end's ``MultiLoraMegatronModel`` shares).
+All run every call through one pass engine (:mod:`twinkle.model.passes`).
 """
 
 from twinkle.model.checkpoints.files import atomic_directory
@@ -19,6 +20,7 @@ from twinkle.model.passes.requests import (
     TargetsRequest,
     check_sequences,
 )
+from twinkle.model.shared_passes import SharedPasses
 from twinkle.model.training_model import TrainingModel
 from twinkle.model.transformers_model import TransformersModel
 
@@ -28,6 +30,7 @@ __all__ = [
     "LossFn",
     "MultiLoraModel",
     "PassRequest",
+    "SharedPasses",
     "TargetSequence",
     "TargetsOutput",
     "TargetsRequest",

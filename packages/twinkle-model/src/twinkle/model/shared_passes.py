@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import gc
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import torch
 from peft import LoraConfig
 
 from twinkle.errors import ConfigurationError, InvalidInputError
@@ -58,6 +59,14 @@ class SharedPasses(TrainingModel):
     @abstractmethod
     def adapter_config(self, adapter_name: str) -> LoraConfig:
         """The adapter's ``LoraConfig`` as it was resolved against the model."""
+
+    @abstractmethod
+    def lora_payload(self, adapter_name: str) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
+        """The adapter's config and whole PEFT-format tensors (what a sampler loads; ``CheckpointEngineManager``)."""
+
+    @abstractmethod
+    def merged_weights(self, adapter_name: str | None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every base weight under transformers' names, with the adapter (if any) merged in."""
 
     def forward_backward_many(
         self,

@@ -23,6 +23,7 @@ from twinkle.errors import ConfigurationError
 from twinkle.server.apis import installed_api_names
 from twinkle.server.config_layout import from_applications_layout, uses_applications_layout
 from twinkle.server.services.samplers import sampler_problems
+from twinkle.server.services.trainers import backend_problems
 from twinkle.server.store.base import check_user_name
 
 DEFAULT_STATE_DIR = "~/.twinkle/server"
@@ -65,6 +66,9 @@ class ServerConfig:
     checkpoint_dir: Path = None  # type: ignore[assignment]
     max_loras: int = 8
     max_rank: int = 64
+    # The training back-end (services.trainers): "transformers" (the default) or "megatron" (megatron-core, extra
+    # twinkle-model[megatron], on one device).
+    backend: str = "transformers"
     # The base model's activation checkpointing (decoder layers recomputed in backward) and kernels (the model
     # family's Triton / NPU kernels, where the device runs them): TrainingModel's arguments of the same names.
     gradient_checkpointing: bool = False
@@ -111,6 +115,7 @@ class ServerConfig:
     def model_options(self) -> dict[str, Any]:
         """What every model and sampler the server builds is built with (``ModelPool`` gives each its own)."""
         return {
+            "backend": self.backend,
             "gradient_checkpointing": self.gradient_checkpointing,
             "kernels": self.kernels,
             "record_routing": self.record_routing,
@@ -151,6 +156,7 @@ _TOP: dict[str, type] = {
     "checkpoint_dir": str,
     "max_loras": int,
     "max_rank": int,
+    "backend": str,
     "gradient_checkpointing": bool,
     "kernels": bool,
     "record_routing": bool,
@@ -253,6 +259,7 @@ def _problems(data: dict[str, Any], base_dir: Path) -> list[str]:
     if merged["cycle_wait_s"] < 0:
         problems.append(f"cycle_wait_s: must be >= 0 (0 never waits for a pass to fill), got {merged['cycle_wait_s']}")
     problems += _api_problems(data.get("apis"))
+    problems += backend_problems(merged["backend"], merged)
     problems += sampler_problems(merged["sampler"], merged["sampler_args"], merged["record_routing"])
     problems += _quota_problems(data.get("quotas") or {}, "quotas", merged["max_rank"])
     owners: dict[str, str] = {}

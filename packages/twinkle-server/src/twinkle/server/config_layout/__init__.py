@@ -7,6 +7,8 @@ samples and processes data next to its model (the sampler in each replica under
 
 - ``http_options.host`` / ``.port`` (also in the gateway's ``args``): ``host`` / ``port``
 - the model's ``args.model_id`` / ``args.max_loras``: ``model_id`` / ``max_loras``
+- ``use_megatron`` (top level or the model's ``args``) / the model's ``args.backend``: ``backend``
+  (``megatron`` or ``transformers``)
 - the model's ``deployments[0].num_replicas`` (or a fixed ``autoscaling_config``): ``replicas``,
   and ``ray: true`` for more than one
 - ``device_type`` of the model's (and sampler's) ``device_group`` / ``device_mesh``: ``device``
@@ -16,14 +18,13 @@ samples and processes data next to its model (the sampler in each replica under
 - ``task_queue`` (or an application's ``queue_config``) ``rps_limit`` / ``max_input_tokens``:
   ``quotas.requests_per_second`` / ``quotas.max_tokens_per_request`` (per user)
 
-Accepted as they are what this server does anyway: ``backend: transformers``,
-``use_megatron: false``, one device per model copy,
+Accepted as they are what this server does anyway: one device per model copy,
 ``proxy_location`` ``HeadOnly`` or ``EveryNode`` (one HTTP front, on one node),
 a disabled ``telemetry``, ``persistence.mode: memory`` (state is kept in SQLite
 under ``state_dir``, so it also survives a restart), names, and the route
 prefixes of the model, sampler and processor applications (internal to that
 layout). Any other key is a problem naming its path and why: not available
-yet (Megatron), or the native key to use instead. Native keys
+yet, or the native key to use instead. Native keys
 (``state_dir``, ``users``, ...) may sit next to the layout; a key set by both must agree.
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from twinkle.server.config_layout.placement import devices, replica_count
-from twinkle.server.config_layout.reader import MEGATRON, LayoutReader
+from twinkle.server.config_layout.reader import LayoutReader
 from twinkle.server.config_layout.top_level import http_options, task_queue, use_megatron
 
 KINDS = ("server", "model", "sampler", "processor")
@@ -113,10 +113,10 @@ def _model_args(r: LayoutReader, args: dict[str, Any], where: str) -> None:
             if r.typed(value, str if key == "model_id" else int, at):
                 r.assign(key, value, at)
         elif key == "backend":
-            if value == "megatron":
-                r.problem(at, MEGATRON)
-            elif value != "transformers":
-                r.problem(at, f"{value!r}: the server runs the model with transformers (backend: transformers)")
+            if value in ("transformers", "megatron"):
+                r.assign("backend", value, at)
+            else:
+                r.problem(at, f"{value!r}: the server trains with backend: transformers or backend: megatron")
         elif key == "use_megatron":
             use_megatron(r, value, at)
         elif key == "train_mode":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-MEGATRON = "the Megatron back-end is not available yet (issue 17); use backend: transformers"
 ONE_DEVICE = (
     "a model spread over several devices is not available in the server yet; for several copies of the model, "
     "each with a share of the adapters, set the model application's deployments[0].num_replicas"

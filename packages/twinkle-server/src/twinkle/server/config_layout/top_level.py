@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twinkle.server.config_layout.reader import MEGATRON, LayoutReader
+from twinkle.server.config_layout.reader import LayoutReader
 
 _TELEMETRY = ("enabled", "service_name", "otlp_endpoint", "debug", "export_interval_ms", "resource_attributes")
 _PERSISTENCE = ("mode", "file_path", "redis_url", "key_prefix")
@@ -69,5 +69,5 @@ def task_queue(r: LayoutReader, value: Any, where: str) -> None:
 
 
 def use_megatron(r: LayoutReader, value: Any, where: str) -> None:
-    if r.typed(value, bool, where) and value:
-        r.problem(where, MEGATRON)
+    if r.typed(value, bool, where):
+        r.assign("backend", "megatron" if value else "transformers", where)

@@ -1,9 +1,10 @@
 """The models a server holds: the shared base with every tenant's LoRA adapter, and private runs.
 
-Most runs are LoRA adapters on the one frozen base model (a ``MultiLoraModel``),
+Most runs are LoRA adapters on the one frozen base model (a ``MultiLoraModel``,
+or on ``backend: megatron`` a ``MultiLoraMegatronModel``: :mod:`.trainers`),
 trained together in shared passes. A run that trains every weight, or starts
 from a tenant's own full-model checkpoint, needs weights of its own: it gets a
-private ``TransformersModel`` (more memory, no batching with others). Sampling
+private ``TransformersModel`` (``MegatronModel``; more memory, no batching with others). Sampling
 uses a sampler per base model, synced from the run before each request (LoRA
 tensors only, or every weight for a full-parameter run); which back-end
 (``TorchSampler``, ``vLLMSampler``) is the config's ``sampler`` (:mod:`.samplers`).
@@ -22,10 +23,11 @@ from peft import LoraConfig
 from twinkle.checkpoint_engine import CheckpointEngineManager
 from twinkle.data_format import SampleResponse, SamplingParams
 from twinkle.errors import ConfigurationError, InvalidInputError
-from twinkle.model import AdapterResult, MultiLoraModel, PassRequest, TransformersModel
+from twinkle.model import AdapterResult, PassRequest, TrainingModel
 from twinkle.module import topk_routers
 from twinkle.registry import build
 from twinkle.server.services.samplers import build_sampler
+from twinkle.server.services.trainers import model_classes
 
 if TYPE_CHECKING:
     from twinkle.server.services.samplers import SamplerBackend
@@ -70,7 +72,8 @@ class ModelPool:
         self.sampler_args: dict[str, Any] = dict(options.get("sampler_args") or {})
         if self.sampler_kind == "vllm":  # the TorchSampler keyword arguments that have no vLLM counterpart
             self.sampler_options = {k: v for k, v in self.sampler_options.items() if k != "kernels"}
-        self.model = MultiLoraModel(model_id, max_loras=max_loras, max_rank=max_rank, device=device, **self.options)
+        shared, self.private_class = model_classes(options.get("backend", "transformers"))
+        self.model = shared(model_id, max_loras=max_loras, max_rank=max_rank, device=device, **self.options)
         self.model_path = self.model.model_path
         self.routing = routing_shape(self.model.model)
         if self.sampler_options.get("record_routing") and self.routing is None:
@@ -78,7 +81,7 @@ class ModelPool:
                 f"record_routing: {type(self.model.model).__name__} ({self.model_path}) has no softmax top-k MoE "
                 "router whose routing could be recorded; set it only for a MoE model"
             )
-        self._private: dict[str, TransformersModel] = {}
+        self._private: dict[str, TrainingModel] = {}
         self._samplers: dict[str, SamplerBackend] = {}  # by base model path; full-parameter runs by run id
         self._templates = Templates(self.model_path)
         if self.sampler_kind != "torch":  # an engine starts slowly: at start-up, where a bad config shows at once
@@ -117,7 +120,7 @@ class ModelPool:
         if config is not None and base_path is None:
             self.model.add_adapter_to_model(run_id, config, gradient_accumulation_steps, seed=seed)
             return
-        model = TransformersModel(base_path or self.model_path, device=self.device, **self.options)
+        model = self.private_class(base_path or self.model_path, device=self.device, **self.options)
         if config is not None:
             model.add_adapter_to_model(run_id, config, gradient_accumulation_steps, seed=seed)
         elif gradient_accumulation_steps != 1:
