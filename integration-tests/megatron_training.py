@@ -33,11 +33,12 @@ MODEL = "builtin://qwen3-tiny"
 MOE_MODEL = "builtin://qwen3-moe-tiny"
 ALL_LINEAR = "all-linear"  # PEFT's: on the MoE builtin, the attention, the fused experts and the router
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+WITH_HEAD = (*ATTENTION, "gate_proj", "up_proj", "down_proj", "lm_head")  # the (tied) output layer too
 # layout -> the model, its mesh's sizes (as multiples of the world size) and the adapter's target_modules;
 # "-moe" layouts train the MoE builtin.
 LAYOUTS = {
     "tp": (MODEL, ("tp",), ALL_LINEAR),
-    "pp": (MODEL, ("pp",), ALL_LINEAR),
+    "pp": (MODEL, ("pp",), WITH_HEAD),  # every stage runs the output layer: its pair as the embeddings
     "dp": (MODEL, ("dp",), ALL_LINEAR),
     "tp-moe": (MOE_MODEL, ("tp",), ALL_LINEAR),
     "ep-moe": (MOE_MODEL, ("ep", "dp"), ATTENTION),  # experts split over the data-parallel ranks
@@ -46,7 +47,12 @@ LAYOUTS = {
 RESUMED = ("tp", "pp", "ep-moe")
 KINDS = ("full", "lora")
 # Tenants' adapters in shared passes on the MoE builtin (MultiLoraMegatronModel): name -> (rank, target_modules).
-TENANTS = {"all": (4, ALL_LINEAR), "attention": (2, ATTENTION)}
+TENANTS = {"all": (4, ALL_LINEAR), "attention": (2, (*ATTENTION, "lm_head"))}
+
+
+def label(targets: str | tuple[str, ...]) -> str:
+    """A short name of an adapter's ``target_modules``."""
+    return targets if isinstance(targets, str) else "+".join(targets)
 
 
 def make_model(

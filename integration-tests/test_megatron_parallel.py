@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM
 pytest.importorskip("megatron.core", reason="needs twinkle-model[megatron]")
 sys.path.insert(0, str(Path(__file__).parent))
 from conversations import encoded_conversations
-from megatron_training import KINDS, LAYOUTS, MODEL, MOE_MODEL, RESUMED, make_model, run, train_tenants
+from megatron_training import KINDS, LAYOUTS, MODEL, MOE_MODEL, RESUMED, label, make_model, run, train_tenants
 from resumed_training import steps
 from torchrun_harness import CPU_ONLY, TIMEOUT_S, free_port
 
@@ -76,7 +76,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
 def _alone(layout: str, kind: str) -> str:
     """The name of the one-process run ``layout``'s ``kind`` of run is compared with."""
     model_id, _, targets = LAYOUTS[layout]
-    adapter = "" if kind == "full" else f"-{targets if isinstance(targets, str) else 'attention'}"
+    adapter = "" if kind == "full" else f"-{label(targets)}"
     return f"alone-{model_id.rpartition('/')[2]}-{kind}{adapter}"
 
 
@@ -120,7 +120,7 @@ def test_model_parallel_checkpoints_load_in_plain_transformers(runs, layout, kin
 @pytest.mark.parametrize("kind", ["full", "lora"])
 def test_a_pipeline_parallel_checkpoint_resumes_in_one_process(runs, kind):
     """The PP=2 step-2 checkpoint (each stage's layers and optimizer state, joined) resumes here, unsplit."""
-    model = make_model(None, kind == "lora")
+    model = make_model(None, kind == "lora", MODEL, LAYOUTS["pp"][2])
     model.resume_from_checkpoint(Path(runs["pp"][kind]["final"]).parent / "step-2")
     losses, _ = steps(model, encoded_conversations(MODEL), 3)
     assert losses == pytest.approx(runs["pp"][kind]["losses"][2:], **TOL)

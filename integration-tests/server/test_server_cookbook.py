@@ -6,7 +6,9 @@ a private state folder given as flags), a user created with ``twinkle server add
 config calls both APIs, and the server is stopped. On the Megatron back-end (``use_megatron: true``) two
 users train LoRA adapters at once, in shared passes over one megatron-core base (``MultiLoraMegatronModel``):
 each gets the losses and the saved adapter of its adapter trained alone on an in-process ``MegatronModel``
-(float32, 1e-5), and a sample with its adapter has the log-probs that model gives the sampled tokens.
+(float32, 1e-5), and a sample with its adapter has the log-probs that model gives the sampled tokens. A
+Tinker SDK client trains beside them with Tinker's default LoRA (the output layer's too): its untrained
+adapter's log-probs are the base model's, and two steps lower its loss.
 """
 
 from __future__ import annotations
@@ -23,14 +25,17 @@ from typing import Any
 
 import httpx
 import pytest
+import tinker
 import torch
 from safetensors.torch import load_file
 
+from twinkle.model import TargetSequence
 from twinkle.server.config import check_config, load_config
 from twinkle_client.http import TwinkleClient
 
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import SoloReference, batch, new_run
+from tinker_harness import BASE_MODEL, logprobs_of, sft_datum
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +84,7 @@ def test_the_megatron_server_trains_tenants_in_shared_passes_as_each_alone(tmp_p
     assert check_config(config) == []
     assert (load_config(config).backend, load_config(config).model_id) == ("megatron", "builtin://qwen3-tiny")
     state_dir = tmp_path / "state"
-    keys = {user: _add_user(config, state_dir, user) for user in TENANTS}
+    keys = {user: _add_user(config, state_dir, user) for user in (*TENANTS, "tinker")}
     monkeypatch.setenv("PYTHON", sys.executable)
     log = tmp_path / "server.log"
     server, url = _start(MEGATRON, state_dir, log)
@@ -89,13 +94,14 @@ def test_the_megatron_server_trains_tenants_in_shared_passes_as_each_alone(tmp_p
         threads = [threading.Thread(target=_train, args=(url, keys[user], user, results)) for user in TENANTS]
         for thread in threads:
             thread.start()
+        _train_with_tinker(url, keys["tinker"], results)
         for thread in threads:
             thread.join(timeout=600)
         metrics = httpx.get(f"{url}/metrics", timeout=30).text
     finally:
         server.terminate()
         server.wait(timeout=60)
-    assert set(results) == set(TENANTS), log.read_text()[-3000:]
+    assert set(results) == {*TENANTS, "tinker"}, log.read_text()[-3000:]
     shared = re.findall(r'^twinkle_shared_pass_calls_total\{[^}]*api="twinkle"[^}]*\} (\S+)$', metrics, re.M)
     assert sum(map(float, shared)) > 0, "no call ran in a pass with the other tenant's"
     reference = megatron.MegatronModel(device="cpu")
@@ -110,6 +116,30 @@ def test_the_megatron_server_trains_tenants_in_shared_passes_as_each_alone(tmp_p
         logps = solo.model.forward_only([sequence["new_input_feature"]], adapter_name=user).logps[0]
         prompt = len(sequence["new_input_feature"]["input_ids"]) - len(sequence["tokens"])
         assert logps[prompt:].tolist() == pytest.approx(sequence["logprobs"], abs=1e-4), user
+    tinker_run = results["tinker"]
+    reference.add_adapter_to_model("untrained", {"r": 4, "target_modules": ["q_proj", "lm_head"]})  # B = 0: the base
+    sequence = TargetSequence(torch.tensor(tinker_run["tokens"]), torch.tensor(tinker_run["targets"]))
+    base = reference.forward_backward_targets([sequence], adapter_name="untrained", backward=False).logps[0]
+    assert list(tinker_run["before"]) == pytest.approx(base.tolist(), abs=1e-5)
+    assert tinker_run["losses"][1] < tinker_run["losses"][0]
+
+
+def _train_with_tinker(url: str, key: str, results: dict[str, dict[str, Any]]) -> None:
+    """Tinker's default LoRA adapter: its log-probs before training, then two steps' losses."""
+    client = tinker.ServiceClient(base_url=url, api_key=key)
+    try:
+        trainer = client.create_lora_training_client(base_model=BASE_MODEL, rank=4)
+        datum = sft_datum(7)
+        before = logprobs_of(trainer.forward([datum], "cross_entropy").result())[0]
+        losses = []
+        for _step in range(2):
+            losses.append(trainer.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"])
+            trainer.optim_step(tinker.types.AdamParams(learning_rate=1e-2)).result()
+    finally:
+        client.close("success").result(timeout=30)
+    tokens = datum.model_input.to_ints()
+    targets = datum.loss_fn_inputs["target_tokens"].tolist()
+    results["tinker"] = {"before": before, "losses": losses, "tokens": tokens, "targets": targets}
 
 
 def _train(url: str, key: str, user: str, results: dict[str, dict[str, Any]]) -> None:

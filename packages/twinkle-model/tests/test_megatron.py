@@ -101,17 +101,22 @@ def test_a_trained_model_saves_what_transformers_loads_and_resumes(sft_features,
     assert torch.allclose(step_two.forward_only(batch[:1], return_logits=True).logits[0], saved, **TOL)
 
 
-@pytest.mark.parametrize("model_id", [MODEL, MOE_MODEL], ids=["dense", "moe"])
-def test_lora_equals_peft_and_loads_in_peft(model_id, sft_features, tmp_path: Path):
-    """On the MoE builtin PEFT's "all-linear" adapts the attention, the fused experts and the router."""
+@pytest.mark.parametrize(
+    ("model_id", "targets"),
+    [(MODEL, "all-linear"), (MOE_MODEL, "all-linear"), (MODEL, ["q_proj", "v_proj", "lm_head"])],
+    ids=["dense", "moe", "output-layer"],
+)
+def test_lora_equals_peft_and_loads_in_peft(model_id, targets, sft_features, tmp_path: Path):
+    """On the MoE builtin PEFT's "all-linear" adapts the attention, the fused experts and the router; ``lm_head``
+    adapts the (tied) output layer."""
     features = sft_features[:4]
-    start = get_peft_model(_plain(model_id), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    start = get_peft_model(_plain(model_id), LoraConfig(r=4, lora_alpha=8, target_modules=targets))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, param in start.named_parameters():
             if "lora_" in name:  # B too, so every gradient is non-trivial
                 param.copy_(torch.randn(param.shape, generator=generator, dtype=DTYPE) * 0.05)
-    start.save_pretrained(tmp_path / "start")
+    start.save_pretrained(tmp_path / "start", save_embedding_layers=False)  # the adapter alone, tied lm_head too
     model = megatron.MegatronModel(model_id, device="cpu", dtype=DTYPE)
     model.add_adapter_to_model("default", str(tmp_path / "start"))
     output = model.forward_backward(features)
@@ -141,11 +146,12 @@ def test_lora_equals_peft_and_loads_in_peft(model_id, sft_features, tmp_path: Pa
 
 
 def test_what_the_back_end_cannot_do_yet_is_refused(model):
-    with pytest.raises(ConfigurationError, match="LoRA on the output layer is not supported by MegatronModel"):
-        model.add_adapter_to_model("head", {"r": 4, "target_modules": ["q_proj", "lm_head"]})
     with pytest.raises(ConfigurationError, match="match no projection of the decoder layers"):
         model.add_adapter_to_model("nothing", {"r": 4, "target_modules": ["embed_tokens"]})
     assert model.adapter_names == []
+    model.add_adapter_to_model("head", {"r": 4, "target_modules": ["q_proj", "lm_head"]})
+    with pytest.raises(ConfigurationError, match="adapts lm_head, whose weight is tied to the input embeddings"):
+        list(model.merged_weights("head"))  # merged, it would change the embeddings too
     with pytest.raises(ConfigurationError, match="converts qwen3, qwen3_moe models; 'llama' is not one"):
         megatron.MegatronModel("builtin://llama-tiny", device="cpu")
     with pytest.raises(ConfigurationError, match=r"does not take \['gradient_checkpointing'\]"):

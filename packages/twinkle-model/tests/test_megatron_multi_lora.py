@@ -31,7 +31,7 @@ TOL = {"abs": 1e-8}
 TENANTS: dict[str, tuple[dict[str, Any], dict[str, Any], float, int]] = {
     "all": ({"r": 2, "lora_alpha": 4, "target_modules": "all-linear"}, {"lr": 1e-2}, 1.0, 3),
     "qv": ({"r": 8, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}, {"lr": 3e-2}, 0.05, 2),
-    "out": ({"r": 4, "lora_alpha": 16, "target_modules": ["o_proj", "k_proj"]}, {"lr": 5e-3}, 10.0, 1),
+    "out": ({"r": 4, "lora_alpha": 16, "target_modules": ["o_proj", "k_proj", "lm_head"]}, {"lr": 5e-3}, 10.0, 1),
 }
 
 

@@ -1,11 +1,10 @@
-"""Start the Twinkle server from ``server_config.yaml`` next to this file (seed 004's layout, Megatron back-end).
+"""Seed 004's ``python cookbook/client/server/megatron/server.py``: the Twinkle server on megatron-core.
 
-    python cookbook/client/server/megatron/server.py        # or: bash cookbook/client/server/megatron/run.sh
-    twinkle server add-user me --config cookbook/client/server/megatron/server_config.yaml   # prints an API key
-
-Further arguments are ``twinkle server``'s flags and override the file (``--port 0``, ``--state-dir DIR``,
-``--ray --replicas 2``). Then run a client with that key: ``cookbook/client/twinkle/self_host/*.py`` or
-``cookbook/client/tinker/self_host/*.py``. The server runs until interrupted (Ctrl-C).
+It serves ``server_config.yaml`` next to this file (``use_megatron: true``; needs
+``pip install 'twinkle-model[megatron]'``) exactly as ``../transformer/server.py`` serves its own: add a user
+with ``twinkle server add-user me --config cookbook/client/server/megatron/server_config.yaml``, pass
+``twinkle server`` flags to override the file (``--port 0``, ``--state-dir DIR``), and run any client with
+that key. The server runs until interrupted (Ctrl-C).
 """
 
 import sys
@@ -13,7 +12,5 @@ from pathlib import Path
 
 from twinkle.server.cli import main
 
-CONFIG = Path(__file__).with_name("server_config.yaml")
-
 if __name__ == "__main__":
-    sys.exit(main(["--config", str(CONFIG), *sys.argv[1:]]))
+    sys.exit(main(["--config", str(Path(__file__).parent / "server_config.yaml"), *sys.argv[1:]]))

@@ -48,7 +48,7 @@ class MultiLoraModel(SharedPasses):
         self._adapters: dict[str, MultiLoraAdapter] = {}
 
     def _add_adapter(self, adapter_name: str, config: PeftConfig, directory: Path | None) -> list[torch.nn.Parameter]:
-        self.check_capacity()
+        self._check_capacity()
         adapter = create_adapter(self.model, adapter_name, config, self.max_rank)
         try:
             if directory:

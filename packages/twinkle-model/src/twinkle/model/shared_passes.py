@@ -38,7 +38,7 @@ class SharedPasses(TrainingModel):
         self.max_loras = max_loras
         self.max_rank = max_rank
 
-    def check_capacity(self) -> None:
+    def _check_capacity(self) -> None:
         """Refuse a new adapter when every slot is taken."""
         if len(self.adapter_names) >= self.max_loras:
             raise ConfigurationError(

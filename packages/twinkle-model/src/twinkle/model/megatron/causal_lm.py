@@ -11,7 +11,7 @@ holds this stage's layers and every stage gets the last stage's hidden states (:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,25 +31,42 @@ from twinkle.model.megatron.conversion import check_supported, head_dim, is_moe,
 from twinkle.model.megatron.lora import FUSED, MegatronLora
 from twinkle.model.megatron.moe import MegatronMoE
 from twinkle.model.megatron.pipeline import PipelineStage, hand_on, receive_hidden
+from twinkle.module import RowRouting
 
 WEIGHTS_FILE = "model.safetensors"
 
 
 class VocabParallelHead(nn.Module):
-    """The output layer: this rank's vocabulary rows of ``weight``, logits gathered over the group."""
+    """The output layer: this rank's vocabulary rows of ``weight`` (plus the routed rows' LoRA updates of them),
+    logits gathered over the group. Its input's rows are dim 0 (``[B, T, H]`` or ``[B, H]``); flattened
+    tokens of the batch go through :meth:`for_tokens`."""
 
     weight: torch.Tensor
+    lora: MegatronLora
 
-    def __init__(self, weight: torch.Tensor, vocab_size: int, group: dist.ProcessGroup | None, rank: int, size: int):
+    def __init__(self, weight: torch.Tensor, vocab_size: int, lora: MegatronLora, frozen: bool) -> None:
         super().__init__()
         object.__setattr__(self, "weight", weight)  # the model's own tensor, not a second registration
+        object.__setattr__(self, "lora", lora)  # the model's adapters, not a second registration
         self.out_features = vocab_size
-        self.group, self.rank, self.size = group, rank, size
+        self.frozen = frozen  # a pipeline stage other than the first: no gradients (see .pipeline)
 
     def forward(self, hidden_NH: torch.Tensor) -> torch.Tensor:
-        hidden_NH = copy_to_group(hidden_NH, self.group, self.size)
+        return self._logits(hidden_NH, self.lora.routing)
+
+    def for_tokens(self, rows_N: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The layer on ``N`` flattened tokens, token ``n`` one of batch row ``rows_N[n]``; the routing is taken
+        now, so a chunk recomputed in backward (after the routed block) computes the same."""
+        routing = self.lora.routing
+        return partial(self._logits, routing=None if routing is None else routing.for_tokens(rows_N))
+
+    def _logits(self, hidden_NH: torch.Tensor, routing: RowRouting | None) -> torch.Tensor:
+        lora = self.lora
+        hidden_NH = copy_to_group(hidden_NH, lora.group, lora.size)
         local_NV = nn.functional.linear(hidden_NH, self.weight)
-        return gather_last_dim(local_NV, self.group, self.rank, self.size)
+        update = lora.head_update(hidden_NH, routing, self.frozen)
+        local_NV = local_NV if update is None else local_NV + update.to(local_NV.dtype)
+        return gather_last_dim(local_NV, lora.group, lora.rank, lora.size)
 
 
 class MegatronDecoder(nn.Module):
@@ -185,7 +202,7 @@ class MegatronCausalLM(nn.Module):
         weight = self.gpt.embedding.word_embeddings.weight if layer is None else layer.weight
         if not self.stage.is_first:  # the first stage's copy gets the gradient (see .pipeline)
             weight = weight.detach()
-        return VocabParallelHead(weight, self.config.vocab_size, self.group, self.rank, self.size)
+        return VocabParallelHead(weight, self.config.vocab_size, self.lora, frozen=not self.stage.is_first)
 
     def expert_sizes(self) -> tuple[int, dict[str, tuple[int, int]]] | None:
         """A MoE model's experts per layer and each fused expert tensor's per-expert ``(out, in)``, whole."""

@@ -9,7 +9,11 @@ transformers + PEFT load it. megatron fuses projections, so the pairs ride on it
   group), ``B`` cut by rows like the weight; the updates are laid out as the fused output is
   (``[q, k, v]`` per key/value group; ``[gate, up]``);
 - on the row-parallel ``linear_proj`` and ``linear_fc2`` each rank holds ``A``'s columns for its input
-  slice; the rank-r product is summed over the group and ``B`` (whole) maps it out.
+  slice; the rank-r product is summed over the group and ``B`` (whole) maps it out;
+- on the vocabulary-parallel output layer (``lm_head``) ``A`` is whole and ``B`` cut by rows, as the
+  output layer's weight: each rank adds its vocabulary slice's update (:meth:`MegatronLora.head_update`).
+  Every pipeline stage computes the output layer; as for the word embeddings, only the first stage's pair
+  gets gradients, summed over the stages (``replicated_over_pipeline``).
 
 The pairs are kept in :class:`MegatronLora` beside the model's layers (whose parameters keep megatron's
 names) and added to a layer's output by a forward hook. Each batch row gets its own adapter's update (or
@@ -45,6 +49,7 @@ FUSED = {
     "mlp.linear_fc2": ("mlp.down_proj",),
 }
 _ROW_PARALLEL = {"self_attention.linear_proj", "mlp.linear_fc2"}
+HEAD = "lm_head"  # the output layer's transformers (and PEFT) module name
 _UNSUPPORTED = {"use_dora": "DoRA", "lora_bias": "LoRA biases", "modules_to_save": "modules_to_save"}
 
 
@@ -73,13 +78,16 @@ class MegatronLora(nn.Module):
         like: torch.Tensor,
         layers: range | None = None,
         experts: tuple[int, dict[str, tuple[int, int]]] | None = None,
+        head: tuple[int, int] | None = None,
+        pipeline: bool = False,
     ) -> None:
         """Create adapter ``name`` (PEFT's initialisation, drawn whole, then cut to this rank's part).
 
         ``sizes``: each adaptable transformers projection's ``(out_features, in_features)``; ``like``: a base weight,
         whose dtype and device the pairs take; ``layers``: the decoder layers this rank holds (a pipeline
         stage's; every layer's pairs are drawn, so each starts as in one process); ``experts``: a MoE model's
-        experts per layer and each fused expert tensor's per-expert ``(out, in)`` (for ``target_parameters``).
+        experts per layer and each fused expert tensor's per-expert ``(out, in)`` (for ``target_parameters``);
+        ``head``: the output layer's ``(vocab_size, hidden_size)``; ``pipeline``: the model has several stages.
         """
         config = _checked(name, config, num_layers)
         kept = range(num_layers) if layers is None else layers
@@ -89,6 +97,17 @@ class MegatronLora(nn.Module):
             if experts is None:
                 raise ConfigurationError(f"adapter {name!r}: target_parameters (MoE experts) need a MoE model")
             expert_tensors.setdefault(layer, []).append((param, module))
+        # First, as the word embeddings: a pair every stage holds precedes the stages' own, so the stages'
+        # optimizer states join in one process's order.
+        if head is not None and check_target_module_exists(config, HEAD):
+            rank = int(pattern_value(config.rank_pattern or {}, HEAD, config.r))
+            alpha = float(pattern_value(config.alpha_pattern or {}, HEAD, config.lora_alpha))
+            matched = True
+            head_pair = self._pair(HEAD, rank, head, like)
+            for param in head_pair.values():
+                param.replicated_over_pipeline = pipeline
+            pairs[_key(HEAD)] = head_pair
+            scaling[HEAD] = alpha / math.sqrt(rank) if config.use_rslora else alpha / rank
         for layer in range(num_layers):
             for projections in FUSED.values():
                 for projection in projections:
@@ -115,7 +134,8 @@ class MegatronLora(nn.Module):
         if not matched:
             raise ConfigurationError(
                 f"adapter {name!r}: target_modules {config.target_modules!r} match no projection of the decoder "
-                f"layers ({', '.join(p.rsplit('.', 1)[-1] for ps in FUSED.values() for p in ps)})"
+                f"layers ({', '.join(p.rsplit('.', 1)[-1] for ps in FUSED.values() for p in ps)}) or the output "
+                f"layer ({HEAD})"
             )
         self.adapters[name], self.configs[name], self.scaling[name] = pairs, config, scaling
 
@@ -124,7 +144,7 @@ class MegatronLora(nn.Module):
         A = torch.empty(rank, in_features, dtype=like.dtype, device=like.device)
         nn.init.kaiming_uniform_(A, a=math.sqrt(5))  # PEFT's default, on the whole matrix on every rank
         B = torch.zeros(out_features, rank, dtype=like.dtype, device=like.device)
-        row = _fused_of(projection) in _ROW_PARALLEL
+        row = projection != HEAD and _fused_of(projection) in _ROW_PARALLEL
         pair = nn.ParameterDict({"A": nn.Parameter(A), "B": nn.Parameter(B)})
         _mark(pair["A"], sharded_dim=1 if row else None, partial=not row, size=self.size, rank=self.rank)
         _mark(pair["B"], sharded_dim=None if row else 0, partial=False, size=self.size, rank=self.rank)
@@ -172,6 +192,25 @@ class MegatronLora(nn.Module):
             return total
 
         return update
+
+    def head_update(self, x: torch.Tensor, routing: RowRouting | None, frozen: bool) -> torch.Tensor | None:
+        """The adapters' update of this rank's vocabulary slice of the output layer for ``x``'s rows (dim 0,
+        as ``routing`` assigns them); ``frozen``: without gradients (a pipeline stage other than the first)."""
+        total = None
+        for name, rows in () if routing is None else routing.of_input(x.shape[0]).groups:
+            pairs: Any = self.adapters[name]
+            if _key(HEAD) not in pairs:
+                continue
+            A, B = (pairs[_key(HEAD)][part] for part in ("A", "B"))
+            A, B = (A.detach(), B.detach()) if frozen else (A, B)
+            x_n = x if rows is None else x.index_select(0, rows)
+            dropout = float(self.configs[name].lora_dropout)
+            x_n = nn.functional.dropout(x_n, dropout, training=self.training) if dropout else x_n
+            delta = x_n @ A.T @ B.T * self.scaling[name][HEAD]
+            if rows is not None:
+                delta = delta.new_zeros(*x.shape[:-1], delta.shape[-1]).index_add(0, rows, delta)
+            total = delta if total is None else total + delta
+        return total
 
     @contextmanager
     def routed(self, row_adapters: Sequence[str | None], device: torch.device) -> Iterator[None]:
@@ -266,8 +305,6 @@ def _checked(name: str, config: Any, num_layers: int) -> LoraConfig:
     targets = config.target_modules
     if isinstance(targets, str) and targets.lower() == "all-linear":  # PEFT's: every linear but the output layer
         config.target_modules = sorted({p.rsplit(".", 1)[-1] for ps in FUSED.values() for p in ps})
-    elif targets and "lm_head" in targets:
-        raise ConfigurationError(f"adapter {name!r}: LoRA on the output layer is not supported by MegatronModel")
     return config
 
 

@@ -29,6 +29,7 @@ from twinkle.model.loading import CheckpointingPolicy
 from twinkle.model.megatron.causal_lm import MegatronCausalLM
 from twinkle.model.megatron.conversion import check_supported, to_megatron, to_transformers
 from twinkle.model.megatron.expert_lora import expert_targets, full_name
+from twinkle.model.megatron.lora import HEAD
 from twinkle.model.megatron.pipeline import names_over_stages
 from twinkle.model.megatron.plan import MegatronParallel
 from twinkle.model.multi_lora_adapters import as_peft_resolves
@@ -103,7 +104,11 @@ class MegatronModel(TrainingModel):
                     f"adapter {adapter_name!r}: LoRA on the experts with ep_size > 1 is not built yet; target the "
                     "attention's projections (target_modules=['q_proj', 'k_proj', 'v_proj', 'o_proj'])"
                 )
-        model.lora.add(adapter_name, config, model.config.num_hidden_layers, sizes, like, layers, experts)
+        head = (model.config.vocab_size, model.config.hidden_size)
+        pipeline = model.stage.size > 1
+        model.lora.add(
+            adapter_name, config, model.config.num_hidden_layers, sizes, like, layers, experts, head, pipeline
+        )
         try:
             if directory:
                 self.load_adapter_weights(adapter_name, directory)
@@ -133,8 +138,13 @@ class MegatronModel(TrainingModel):
         weights = to_transformers({name.removeprefix("gpt."): t for name, t in whole.items()}, model.config)
         state = self.train_state(adapter_name)
         if state.is_adapter:
-            _, pairs = self.lora_payload(state.name)
             scaling = model.lora.scaling[state.name]
+            if HEAD in scaling and model.config.tie_word_embeddings:
+                raise ConfigurationError(
+                    f"adapter {state.name!r} adapts {HEAD}, whose weight is tied to the input embeddings: merged, "
+                    "the update would change both; sync the adapter itself (merge_and_sync=False)"
+                )
+            _, pairs = self.lora_payload(state.name)
             experts = {
                 module: full_name(layer, param)
                 for (layer, param), module in model.lora.expert_modules.get(state.name, {}).items()

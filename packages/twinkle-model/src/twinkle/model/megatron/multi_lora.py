@@ -24,17 +24,18 @@ from twinkle.registry import register
 
 @register("model")
 @remote_class
-class MultiLoraMegatronModel(SharedPasses, MegatronModel):
+class MultiLoraMegatronModel(MegatronModel, SharedPasses):  # MegatronModel first: its weight sync is concrete
     """Up to ``max_loras`` resident LoRA adapters of rank at most ``max_rank`` over one frozen megatron-core base.
 
     Other arguments are :class:`MegatronModel`'s (``device_mesh`` with ``tp_size``, ``pp_size``, ``dp_size``).
     """
 
     def __init__(self, model_id: str | None = None, max_loras: int = 8, max_rank: int = 64, **kwargs: Any) -> None:
-        super().__init__(model_id, max_loras, max_rank, **kwargs)
+        # SharedPasses' own: MegatronModel's __init__ is TrainingModel's (as remote_class wrapped it).
+        SharedPasses.__init__(self, model_id, max_loras, max_rank, **kwargs)
 
     def _add_adapter(self, adapter_name: str, config: PeftConfig, directory: Path | None) -> list[torch.nn.Parameter]:
-        self.check_capacity()
+        self._check_capacity()
         if isinstance(config, LoraConfig):  # r, and every rank_pattern's rank
             ranks = {"r": config.r, **(config.rank_pattern or {})}
             wrong = {key: rank for key, rank in ranks.items() if not 1 <= int(rank) <= self.max_rank}

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from twinkle.model import MultiLoraModel, SharedPasses, TrainingModel, TransformersModel
+from twinkle.registry import get_registry
 
 BACKENDS = ("transformers", "megatron")
 MEGATRON_EXTRA = "twinkle-model[megatron]"
@@ -43,8 +44,7 @@ def backend_problems(backend: Any, options: Mapping[str, Any]) -> list[str]:
 
 def model_classes(backend: str) -> tuple[type[SharedPasses], type[TrainingModel]]:
     """The shared base's multi-LoRA class and a private run's class of ``backend``."""
-    if backend == "megatron":
-        from twinkle.model.megatron import MegatronModel, MultiLoraMegatronModel  # the extra, only when chosen
-
-        return MultiLoraMegatronModel, MegatronModel
+    if backend == "megatron":  # registered by twinkle-model's entry points; imports megatron-core only now
+        models = get_registry("model")
+        return models.get("MultiLoraMegatronModel"), models.get("MegatronModel")
     return MultiLoraModel, TransformersModel
