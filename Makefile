@@ -43,10 +43,12 @@ $(STAMP): $(PYPROJECTS)
 demo: install
 	$(PY) cookbook/sft/self_cognition.py
 
-# Every test in TEST_WORKERS processes (pytest-xdist), a test file per worker at a time. The integration tests
-# can share the machine: each starts its servers on free 127.0.0.1 ports and its own private Ray.
+# Every test in TEST_WORKERS processes (pytest-xdist), a test file per worker at a time, in collection order
+# (integration tests first, see conftest.py). The integration tests can share the machine: each starts its
+# servers on free 127.0.0.1 ports and its own private Ray.
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 packages kernels integration-tests $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 \
+		packages kernels integration-tests $(PYTEST_ARGS)
 
 # The vLLM sampler's tests (marker `vllm`) against the real engine on CPU, the server's with `sampler: vllm`
 # and vLLMSampler as a Ray actor (its private Ray inherits VLLM_ENABLE_V1_MULTIPROCESSING) among them, in

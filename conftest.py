@@ -8,6 +8,10 @@
   makes steps many times slower. Every process a test starts (servers, cookbook
   runs, torchrun workers) inherits ``OMP_NUM_THREADS=1`` for the same reason
   (measured: two cookbook tests side by side took 25% less time).
+- Integration tests are collected first: under ``make test``'s workers (a test file
+  per worker at a time, in collection order) the long ones start early and the
+  many short unit tests fill both workers at the end, instead of one long file
+  running alone at the end.
 - Hugging Face's ``kernels`` package (a dependency of transformers >= 5.25) is
   imported before any test is collected. pytest's importlib mode names the
   modules of ``kernels/tests/`` (twinkle-kernels' tests) ``kernels.tests.*``
@@ -44,3 +48,7 @@ def one_intra_op_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith("integration-tests/"))  # stable: files stay whole

@@ -1,13 +1,14 @@
 """Under ``torchrun --nproc_per_node 2``: MegatronModel trains in each of :data:`LAYOUTS` (TP, PP, DP; TP, EP on MoE).
 
-    torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp,pp,ep-moe,tenants OUTPUT_DIR
+    torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp,pp,ep-moe,tenants,refusals OUTPUT_DIR
 
 Every weight, then a LoRA adapter (PEFT's "all-linear", which on the MoE builtin adapts the attention, the
 fused experts and the router; the attention's projections only where experts are split by ``ep_size``),
 trains for 5 steps in float64 (a checkpoint with the optimizer after step 2, the final weights after step
 5); in the :data:`RESUMED` layouts a fresh model then resumes from the step-2 checkpoint for the last 3
 steps. Rank 0 prints ``RESULT`` and the JSON of each layout's and kind's losses, gradient norms and paths;
-the same runs in one process are :func:`run` with no mesh. ``tenants``: :func:`train_tenants` at ``tp_size=2``.
+the same runs in one process are :func:`run` with no mesh. ``tenants``: :func:`train_tenants` at ``tp_size=2``;
+``refusals``: :func:`refusals`.
 test_megatron_parallel.py runs both and compares.
 """
 
@@ -26,6 +27,7 @@ from resumed_training import train_save_resume
 
 import twinkle
 from twinkle import DeviceMesh
+from twinkle.errors import ConfigurationError
 from twinkle.model import AdapterRequest
 from twinkle.model.megatron import MegatronModel, MultiLoraMegatronModel
 
@@ -101,6 +103,21 @@ def train_tenants(mesh: DeviceMesh | None) -> dict[str, dict[str, list[float]]]:
     return record
 
 
+def refusals(world: int) -> dict[str, str]:
+    """The router's load-balancing loss over split layers (``tp_size``, ``pp_size``), refused: the messages."""
+    from megatron.core import parallel_state
+
+    messages = {}
+    for dim in ("tp", "pp"):
+        mesh = DeviceMesh.from_sizes(world_size=world, **{f"{dim}_size": world})
+        try:
+            MegatronModel(MOE_MODEL, device="cpu", device_mesh=mesh, output_router_logits=True)
+        except ConfigurationError as error:
+            messages[dim] = str(error)
+        parallel_state.destroy_model_parallel()
+    return messages
+
+
 def main(layouts: list[str], output_dir: Path) -> None:
     """Each layout in turn, in these processes (megatron-core's groups are rebuilt between layouts)."""
     from megatron.core import parallel_state
@@ -109,6 +126,9 @@ def main(layouts: list[str], output_dir: Path) -> None:
     world = int(os.environ["WORLD_SIZE"])
     results = {}
     for layout in layouts:
+        if layout == "refusals":
+            results[layout] = refusals(world)
+            continue
         if layout == "tenants":
             results[layout] = train_tenants(DeviceMesh.from_sizes(world_size=world, tp_size=world))
             parallel_state.destroy_model_parallel()

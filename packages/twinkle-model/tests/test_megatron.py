@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM
 from twinkle.data_format import IGNORE_INDEX
 from twinkle.errors import ConfigurationError
 from twinkle.hub import resolve_model
+from twinkle.model import TransformersModel
 
 megatron = pytest.importorskip("twinkle.model.megatron", reason="needs twinkle-model[megatron]")
 from twinkle.model.megatron.conversion import to_transformers  # noqa: E402
@@ -143,6 +144,33 @@ def test_lora_equals_peft_and_loads_in_peft(model_id, targets, sft_features, tmp
         theirs = reloaded(torch.tensor([features[0]["input_ids"]])).logits[0]
     ours_logits = model.forward_only(features[:1], return_logits=True).logits[0]
     assert torch.allclose(ours_logits, theirs, **TOL)
+
+
+def test_the_routers_load_balancing_loss_equals_the_transformers_back_ends(sft_features):
+    """``output_router_logits``: the loss adds ``coef × aux`` and every weight's gradient follows it, as on
+    ``TransformersModel`` (whose router loss test_router_aux_loss.py checks against transformers' own)."""
+    features = sft_features[:3]
+    router = {"output_router_logits": True, "router_aux_loss_coef": 0.5}  # large: a missing aux shows at once
+    ours = megatron.MegatronModel(MOE_MODEL, device="cpu", dtype=DTYPE, **router)
+    output = ours.forward_backward(features)
+    theirs = TransformersModel(MOE_MODEL, device="cpu", dtype=DTYPE, experts_implementation="eager", **router)
+    expected = theirs.forward_backward(features)
+    assert output.loss == pytest.approx(expected.loss, rel=1e-5)  # see the module docstring: float32 RMSNorm
+    aux = ours.calculate_metric()["loss/router_aux_loss"]
+    assert aux == pytest.approx(theirs.calculate_metric()["loss/router_aux_loss"], rel=1e-5) and aux > 0.5
+    plain = dict(theirs.model.named_parameters())
+    grads = to_transformers({name: p.grad for name, p in ours.model.gpt.named_parameters()}, ours.model.config)
+    for name, grad in grads.items():
+        scale = float(plain[name].grad.abs().max())
+        assert torch.allclose(grad, plain[name].grad, atol=1e-5 * max(scale, 1.0), rtol=1e-4), name
+    assert not torch.allclose(grads["model.layers.0.mlp.gate.weight"], _without_aux(features), atol=1e-3)
+
+
+def _without_aux(features: list[dict[str, Any]]) -> torch.Tensor:
+    """The first router's gradient without the load-balancing loss."""
+    model = megatron.MegatronModel(MOE_MODEL, device="cpu", dtype=DTYPE)
+    model.forward_backward(features)
+    return dict(model.model.gpt.named_parameters())["decoder.layers.0.mlp.router"].grad
 
 
 def test_what_the_back_end_cannot_do_yet_is_refused(model):

@@ -29,7 +29,7 @@ from twinkle.model.megatron.attention import RotaryAttention, RowPositions
 from twinkle.model.megatron.collectives import copy_to_group, gather_last_dim
 from twinkle.model.megatron.conversion import check_supported, head_dim, is_moe, num_experts, to_transformers
 from twinkle.model.megatron.lora import FUSED, MegatronLora
-from twinkle.model.megatron.moe import MegatronMoE
+from twinkle.model.megatron.moe import MegatronMoE, RouterLogits
 from twinkle.model.megatron.pipeline import PipelineStage, hand_on, receive_hidden
 from twinkle.module import RowRouting
 
@@ -83,14 +83,18 @@ class MegatronDecoder(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        output_router_logits: bool = False,
         **_: Any,  # use_cache and the like: megatron keeps no cache here
     ) -> SimpleNamespace:
+        """``last_hidden_state [B, S, H]``; with ``output_router_logits``, every MoE layer's ``[B·S, E]`` too."""
         owner = self.owner
         rows, length = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(length, device=input_ids.device).expand(rows, length)
         owner.positions.position_ids_BS = position_ids
         stage = owner.stage
+        if output_router_logits:
+            owner.router_logits.logits = []
         try:
             if stage.is_first:
                 embedded_SBH = owner.gpt.embedding(input_ids=input_ids, position_ids=position_ids)
@@ -101,9 +105,17 @@ class MegatronDecoder(nn.Module):
             hidden_SBH = owner.gpt.decoder(hidden_states=embedded_SBH, attention_mask=mask)
             if stage.size > 1:
                 hidden_SBH = hand_on(hidden_SBH, stage)
+            router_logits = owner.router_logits.logits or []
         finally:
             owner.positions.position_ids_BS = None
-        return SimpleNamespace(last_hidden_state=hidden_SBH.transpose(0, 1))
+            owner.router_logits.logits = None
+        output = SimpleNamespace(last_hidden_state=hidden_SBH.transpose(0, 1))
+        if output_router_logits:  # batch-major, as transformers' MoE layers give them
+            output.router_logits = tuple(
+                logits_NE.view(length, rows, -1).transpose(0, 1).reshape(rows * length, -1)
+                for logits_NE in router_logits
+            )
+        return output
 
 
 def block_mask(attention_mask_BS: torch.Tensor | None, position_ids_BS: torch.Tensor) -> torch.Tensor:
@@ -144,9 +156,10 @@ class MegatronCausalLM(nn.Module):
         self.config = config
         self.group, self.rank, self.size = group, rank, size
         self.positions = RowPositions()
+        self.router_logits = RouterLogits()
         spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
         if is_moe(config):
-            moe = {"hf_config": config, "group": group, "rank": rank, "size": size}
+            moe = {"hf_config": config, "group": group, "rank": rank, "size": size, "router_logits": self.router_logits}
             spec.submodules.mlp = ModuleSpec(module=MegatronMoE, params=moe)
         rope_theta = float(config.rope_parameters["rope_theta"])
         attention = spec.submodules.self_attention.submodules

@@ -40,6 +40,9 @@ from twinkle.module import ExpertLora, read_adapter_dir, write_adapter_dir
 from twinkle.patch import KernelsSpec, PatchSpec
 from twinkle.registry import register
 
+# transformers' options of a MoE model's router loss, which MegatronModel takes too.
+ROUTER = ("output_router_logits", "router_aux_loss_coef")
+
 
 @register("model")
 @remote_class
@@ -65,14 +68,20 @@ class MegatronModel(TrainingModel):
             "gradient_checkpointing": gradient_checkpointing,
             "kernels": kernels,
             "patches": list(patches),
-            **{key: value for key, value in options.items() if key not in ("dtype", "attn_implementation")},
+            **{key: value for key, value in options.items() if key not in ("dtype", "attn_implementation", *ROUTER)},
         }
         chosen = {key: value for key, value in unsupported.items() if value}
         if chosen:
             raise ConfigurationError(f"MegatronModel does not take {sorted(chosen)} yet")
         parallel = self.parallel
         assert isinstance(parallel, MegatronParallel)
-        config = AutoConfig.from_pretrained(self.model_path)
+        router = {key: options[key] for key in ROUTER if key in options}  # the load-balancing loss, as transformers'
+        if router.get("output_router_logits") and (parallel.tp_size > 1 or parallel.stage.size > 1):
+            raise ConfigurationError(
+                "the router's load-balancing loss (output_router_logits) with tp_size or pp_size > 1 is not built "
+                "yet: it needs every layer's routing statistics, and the stages and shards see parts of them"
+            )
+        config = AutoConfig.from_pretrained(self.model_path, **router)
         with torch.random.fork_rng(devices=[]):  # building the layers must not move the data's random stream
             model = MegatronCausalLM(
                 config, options["dtype"], parallel.tp_group, parallel.tp_rank, parallel.tp_size, parallel.stage

@@ -6,7 +6,9 @@ each chosen expert's SwiGLU weighted by its routing weight), with the experts' w
 transformers fuses them (``gate_up [E, 2·I, H]``, ``down [E, H, I]``) and cut over the tensor-parallel
 group as megatron cuts a dense MLP: ``gate_up`` by rows of both halves, ``down`` by columns. Each rank
 computes its part of every expert's output; the parts are summed over the group. The router is
-replicated, and its gradient (a partial one per rank, like the input's) is summed over the group.
+replicated, and its gradient (a partial one per rank, like the input's) is summed over the group. A forward
+that asks for the router's logits (the load-balancing loss, ``output_router_logits``) finds each layer's in
+its :class:`RouterLogits`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,13 @@ from twinkle.model.megatron.collectives import copy_to_group, sum_over_group
 from twinkle.model.megatron.conversion import num_experts
 
 LoraUpdate = Callable[[str, int, torch.Tensor, torch.Tensor | None], torch.Tensor | None]
+
+
+class RouterLogits:
+    """Every MoE layer's router logits ``[S·B, E]`` of the current forward, in layer order, while recording."""
+
+    def __init__(self) -> None:
+        self.logits: list[torch.Tensor] | None = None  # None: not recording
 
 
 class FusedExperts(nn.Module):
@@ -66,10 +75,12 @@ class MegatronMoE(nn.Module):
         group: dist.ProcessGroup | None,
         rank: int,
         size: int,
+        router_logits: RouterLogits,
         **_: Any,  # what megatron passes an MLP (tp_group, pg_collection): the group above is ours
     ) -> None:
         super().__init__()
         self.group, self.size = group, size
+        self.router_logits = router_logits
         experts, hidden = num_experts(hf_config), hf_config.hidden_size
         self.top_k, self.normalize = hf_config.num_experts_per_tok, hf_config.norm_topk_prob
         dtype = config.params_dtype
@@ -84,6 +95,8 @@ class MegatronMoE(nn.Module):
         logits_NE = nn.functional.linear(x_NH, self.router)
         update = self.lora_update("router", 0, x_NH, None)
         logits_NE = logits_NE if update is None else logits_NE + update
+        if self.router_logits.logits is not None:
+            self.router_logits.logits.append(logits_NE)
         probs_NE = torch.softmax(logits_NE, dim=-1, dtype=torch.float)
         weights_NK, experts_NK = torch.topk(probs_NE, self.top_k, dim=-1)
         if self.normalize:
