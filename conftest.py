@@ -1,8 +1,8 @@
 """Shared by every test in the workspace (pytest loads it for all packages' tests).
 
 - Builtin models and datasets are built once per test session into a temporary
-  cache, never into the user's ``~/.cache/twinkle`` (an explicit
-  ``TWINKLE_CACHE_DIR`` wins, e.g. to reuse a cache across runs).
+  cache, removed when the session ends, never into the user's ``~/.cache/twinkle``
+  (an explicit ``TWINKLE_CACHE_DIR`` wins, e.g. to reuse a cache across runs).
 - Torch runs on one intra-op thread: the embedded model's matrices are too small
   for threads to pay off, and on a busy two-core machine their synchronisation
   makes steps many times slower. Every process a test starts (servers, cookbook
@@ -19,14 +19,18 @@
   name, which transformers' ``from kernels import ...`` then fails on.
 """
 
+import atexit
 import importlib.metadata
 import importlib.util
 import os
+import shutil
 import tempfile
 
 import pytest
 
-os.environ.setdefault("TWINKLE_CACHE_DIR", tempfile.mkdtemp(prefix="twinkle-test-cache-"))
+if "TWINKLE_CACHE_DIR" not in os.environ:  # made here (pytest-xdist's workers inherit it): removed at exit
+    os.environ["TWINKLE_CACHE_DIR"] = tempfile.mkdtemp(prefix="twinkle-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["TWINKLE_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 try:
