@@ -64,8 +64,7 @@ class VocabParallelHead(nn.Module):
         lora = self.lora
         hidden_NH = copy_to_group(hidden_NH, lora.group, lora.size)
         local_NV = nn.functional.linear(hidden_NH, self.weight)
-        update = lora.head_update(hidden_NH, routing, self.frozen)
-        local_NV = local_NV if update is None else local_NV + update.to(local_NV.dtype)
+        local_NV = lora.with_head_updates(local_NV, hidden_NH, routing, self.frozen)
         return gather_last_dim(local_NV, lora.group, lora.rank, lora.size)
 
 

@@ -11,7 +11,7 @@ transformers + PEFT load it. megatron fuses projections, so the pairs ride on it
 - on the row-parallel ``linear_proj`` and ``linear_fc2`` each rank holds ``A``'s columns for its input
   slice; the rank-r product is summed over the group and ``B`` (whole) maps it out;
 - on the vocabulary-parallel output layer (``lm_head``) ``A`` is whole and ``B`` cut by rows, as the
-  output layer's weight: each rank adds its vocabulary slice's update (:meth:`MegatronLora.head_update`).
+  output layer's weight: each rank adds its vocabulary slice's update (:meth:`MegatronLora.with_head_updates`).
   Every pipeline stage computes the output layer; as for the word embeddings, only the first stage's pair
   gets gradients, summed over the stages (``replicated_over_pipeline``).
 
@@ -193,10 +193,12 @@ class MegatronLora(nn.Module):
 
         return update
 
-    def head_update(self, x: torch.Tensor, routing: RowRouting | None, frozen: bool) -> torch.Tensor | None:
-        """The adapters' update of this rank's vocabulary slice of the output layer for ``x``'s rows (dim 0,
-        as ``routing`` assigns them); ``frozen``: without gradients (a pipeline stage other than the first)."""
-        total = None
+    def with_head_updates(
+        self, local_NV: torch.Tensor, x: torch.Tensor, routing: RowRouting | None, frozen: bool
+    ) -> torch.Tensor:
+        """``local_NV`` (this rank's vocabulary slice of the output layer for ``x``) plus the adapters' updates of
+        ``x``'s rows (dim 0, as ``routing`` assigns them), added in place of a vocabulary-wide zero buffer per
+        adapter; ``frozen``: without gradients (a pipeline stage other than the first)."""
         for name, rows in () if routing is None else routing.of_input(x.shape[0]).groups:
             pairs: Any = self.adapters[name]
             if _key(HEAD) not in pairs:
@@ -206,11 +208,9 @@ class MegatronLora(nn.Module):
             x_n = x if rows is None else x.index_select(0, rows)
             dropout = float(self.configs[name].lora_dropout)
             x_n = nn.functional.dropout(x_n, dropout, training=self.training) if dropout else x_n
-            delta = x_n @ A.T @ B.T * self.scaling[name][HEAD]
-            if rows is not None:
-                delta = delta.new_zeros(*x.shape[:-1], delta.shape[-1]).index_add(0, rows, delta)
-            total = delta if total is None else total + delta
-        return total
+            delta = (x_n @ A.T @ B.T * self.scaling[name][HEAD]).to(local_NV.dtype)
+            local_NV = local_NV + delta if rows is None else local_NV.index_add(0, rows, delta)
+        return local_NV
 
     @contextmanager
     def routed(self, row_adapters: Sequence[str | None], device: torch.device) -> Iterator[None]:
