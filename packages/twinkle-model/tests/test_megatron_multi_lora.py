@@ -4,7 +4,7 @@ Three tenants — their own ranks, alphas, targets, optimizers, clipping and bat
 shared ``forward_backward_many`` passes over the dense and the MoE builtin (where PEFT's "all-linear" adapts the
 attention, the fused experts and the router, so a MoE layer's tokens go to each row's adapter too). A
 ``MegatronModel`` training each tenant alone, from the same initial weights, gets the same losses, gradient
-norms and adapter tensors (float64, 1e-8: only summation order differs; see test_megatron.py, which checks
+norms and adapter tensors (float64, 1e-8, MoE 1e-6: only summation order differs; see test_megatron.py, which checks
 ``MegatronModel``'s adapters against PEFT). A bad request fails alone; slots and ranks are bounded; a removed
 adapter frees its slot. The tensor-parallel run is in integration-tests/test_megatron_parallel.py.
 """
@@ -27,6 +27,9 @@ MOE_MODEL = "builtin://qwen3-moe-tiny"
 DTYPE = torch.float64
 STEPS = 3
 TOL = {"abs": 1e-8}
+# MoE: the router's softmax runs in float32 (as transformers'), where another batch's float64 round-off can flip
+# an ulp (see test_megatron_parallel.py's MOE_TOL); a routing mistake is orders of magnitude larger.
+MOE_TOL = {"abs": 1e-6}
 # name -> (LoraConfig arguments, optimizer arguments, max_grad_norm, batch size)
 TENANTS: dict[str, tuple[dict[str, Any], dict[str, Any], float, int]] = {
     "all": ({"r": 2, "lora_alpha": 4, "target_modules": "all-linear"}, {"lr": 1e-2}, 1.0, 3),
@@ -82,15 +85,16 @@ def test_tenants_trained_together_equal_each_trained_alone(model_id, sft_feature
     batches = _batches(sft_features)
     together, shared = _trained_together(model_id, batches)
     alone, solo = _trained_alone(model_id, batches)
+    tol = MOE_TOL if model_id == MOE_MODEL else TOL
     for key, values in solo.items():
-        assert shared[key] == pytest.approx(values, **TOL), key
+        assert shared[key] == pytest.approx(values, **tol), key
     assert sum(norm > 0.05 for norm in shared["qv-norm"][1:]) >= 1  # the tight clip binds after B moves
     for name in TENANTS:
         ours = together.adapter_state_dict(together.train_state(name))
         theirs = alone.adapter_state_dict(alone.train_state(name))
         assert set(ours) == set(theirs)
         for key, tensor in ours.items():
-            assert torch.allclose(tensor, theirs[key], atol=1e-8, rtol=0), key
+            assert torch.allclose(tensor, theirs[key], atol=tol["abs"], rtol=0), key
     if model_id == MOE_MODEL:  # the experts and the router were adapted, and trained
         expert_keys = [key for key in together.adapter_state_dict(together.train_state("all")) if ".mlp." in key]
         assert any("experts" in key for key in expert_keys) and any("mlp.gate" in key for key in expert_keys)
