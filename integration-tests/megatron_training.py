@@ -1,14 +1,14 @@
 """Under ``torchrun --nproc_per_node 2``: MegatronModel trains in each of :data:`LAYOUTS` (TP, PP, DP; TP, EP on MoE).
 
-    torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp,pp,ep-moe,tenants,refusals OUTPUT_DIR
+    torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp,pp,ep-moe,tenants,router-tp OUTPUT_DIR
 
 Every weight, then a LoRA adapter (PEFT's "all-linear", which on the MoE builtin adapts the attention, the
-fused experts and the router; the attention's projections only where experts are split by ``ep_size``),
+fused experts and the router; the pipeline layout adds the output layer),
 trains for 5 steps in float64 (a checkpoint with the optimizer after step 2, the final weights after step
 5); in the :data:`RESUMED` layouts a fresh model then resumes from the step-2 checkpoint for the last 3
 steps. Rank 0 prints ``RESULT`` and the JSON of each layout's and kind's losses, gradient norms and paths;
-the same runs in one process are :func:`run` with no mesh. ``tenants``: :func:`train_tenants` at ``tp_size=2``;
-``refusals``: :func:`refusals`.
+the same runs in one process are :func:`run` with no mesh. :data:`TENANT_LAYOUTS`: :func:`train_tenants`;
+``router-tp``: :func:`train_router_loss` at ``tp_size=2``; ``refusals``: :func:`refusals`.
 test_megatron_parallel.py runs both and compares.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from conversations import encoded_conversations  # beside this script
 from peft import LoraConfig
-from resumed_training import train_save_resume
+from resumed_training import steps, train_save_resume
 
 import twinkle
 from twinkle import DeviceMesh
@@ -43,13 +43,16 @@ LAYOUTS = {
     "pp": (MODEL, ("pp",), WITH_HEAD),  # every stage runs the output layer: its pair as the embeddings
     "dp": (MODEL, ("dp",), ALL_LINEAR),
     "tp-moe": (MOE_MODEL, ("tp",), ALL_LINEAR),
-    "ep-moe": (MOE_MODEL, ("ep", "dp"), ATTENTION),  # experts split over the data-parallel ranks
+    "ep-moe": (MOE_MODEL, ("ep", "dp"), ALL_LINEAR),  # experts (and their pairs) split over the data ranks
 }
 # The layouts whose checkpoints are cut differently from one process's (or another layout's): these resume.
 RESUMED = ("tp", "pp", "ep-moe")
 KINDS = ("full", "lora")
 # Tenants' adapters in shared passes on the MoE builtin (MultiLoraMegatronModel): name -> (rank, target_modules).
 TENANTS = {"all": (4, ALL_LINEAR), "attention": (2, (*ATTENTION, "lm_head"))}
+ROUTER_LOSS = {"output_router_logits": True, "router_aux_loss_coef": 0.5}  # the router's load-balancing loss
+# The tenants' layouts: at tp_size=2, and with their expert pairs split with the experts (ep_size=2, dp_size=2).
+TENANT_LAYOUTS = {"tenants": ("tp",), "tenants-ep": ("ep", "dp")}
 
 
 def label(targets: str | tuple[str, ...]) -> str:
@@ -95,27 +98,37 @@ def train_tenants(mesh: DeviceMesh | None) -> dict[str, dict[str, list[float]]]:
         model.add_adapter_to_model(name, LoraConfig(r=rank, lora_alpha=8, target_modules=modules), seed=seed)
         model.set_optimizer("AdamW", adapter_name=name, lr=1e-2)
         record[name] = {"losses": [], "norms": []}
-    for _step in range(3):
-        requests = [AdapterRequest(name, features[index::2]) for index, name in enumerate(TENANTS)]
+    data_ranks = mesh.data_world_size if mesh is not None else 1
+    rank = mesh.data_rank(int(os.environ["RANK"])) if mesh is not None else 0
+    for _step in range(3):  # each data-parallel rank passes its share of each tenant's data
+        requests = [AdapterRequest(name, features[index::2][rank::data_ranks]) for index, name in enumerate(TENANTS)]
         for name, result in zip(TENANTS, model.forward_backward_many(requests), strict=True):
             record[name]["losses"].append(result.unwrap().loss)
             record[name]["norms"].append(model.clip_grad_and_step(adapter_name=name)["grad_norm"])
     return record
 
 
+def train_router_loss(mesh: DeviceMesh | None) -> dict[str, Any]:
+    """Every weight of the MoE builtin with the router's load-balancing loss, 3 steps: losses, gradient norms and
+    the mean aux loss (a large coefficient, so a miscounted aux gradient shows at once)."""
+    model = MegatronModel(MOE_MODEL, device="cpu", dtype=torch.float64, device_mesh=mesh, **ROUTER_LOSS)
+    model.set_optimizer("AdamW", lr=1e-3)
+    losses, norms = steps(model, encoded_conversations(MOE_MODEL), 3)  # tensor-parallel ranks share the batch
+    return {"losses": losses, "norms": norms, "aux": model.calculate_metric()["loss/router_aux_loss"]}
+
+
 def refusals(world: int) -> dict[str, str]:
-    """The router's load-balancing loss over split layers (``tp_size``, ``pp_size``), refused: the messages."""
+    """The router's load-balancing loss over pipeline stages, refused: the message."""
     from megatron.core import parallel_state
 
-    messages = {}
-    for dim in ("tp", "pp"):
-        mesh = DeviceMesh.from_sizes(world_size=world, **{f"{dim}_size": world})
-        try:
-            MegatronModel(MOE_MODEL, device="cpu", device_mesh=mesh, output_router_logits=True)
-        except ConfigurationError as error:
-            messages[dim] = str(error)
+    mesh = DeviceMesh.from_sizes(world_size=world, pp_size=world)
+    try:
+        MegatronModel(MOE_MODEL, device="cpu", device_mesh=mesh, **ROUTER_LOSS)
+    except ConfigurationError as error:
+        return {"pp": str(error)}
+    finally:
         parallel_state.destroy_model_parallel()
-    return messages
+    return {}
 
 
 def main(layouts: list[str], output_dir: Path) -> None:
@@ -129,8 +142,13 @@ def main(layouts: list[str], output_dir: Path) -> None:
         if layout == "refusals":
             results[layout] = refusals(world)
             continue
-        if layout == "tenants":
-            results[layout] = train_tenants(DeviceMesh.from_sizes(world_size=world, tp_size=world))
+        if layout == "router-tp":
+            results[layout] = train_router_loss(DeviceMesh.from_sizes(world_size=world, tp_size=world))
+            parallel_state.destroy_model_parallel()
+            continue
+        if layout in TENANT_LAYOUTS:
+            sizes = {f"{dim}_size": world for dim in TENANT_LAYOUTS[layout]}
+            results[layout] = train_tenants(DeviceMesh.from_sizes(world_size=world, **sizes))
             parallel_state.destroy_model_parallel()
             continue
         model_id, dims, targets = LAYOUTS[layout]

@@ -5,13 +5,14 @@ projection, for 5 steps with ``tp_size=2`` (each rank holding half of every atte
 of the vocabulary and of the adapter's pairs), with ``pp_size=2`` (each rank two of the four decoder
 layers and their adapter pairs, the tied embeddings on both) and with ``dp_size=2``; and the same for
 ``builtin://qwen3-moe-tiny`` with ``tp_size=2`` (half of every expert, and of the adapter's expert pairs)
-and with ``ep_size=2`` over ``dp_size=2`` (four of the eight experts of every layer each, tokens exchanged
-all-to-all). This process runs the same steps alone. In float64 (where only summation order differs): the
-losses and gradient norms agree to 1e-8 (MoE: 1e-6, see ``MOE_TOL``), clipping binds, resuming from the
-step-2 checkpoint repeats steps 3-5, and the final checkpoints (shards gathered whole) load in plain
+and with ``ep_size=2`` over ``dp_size=2`` (four of the eight experts of every layer each, and their pairs,
+tokens exchanged all-to-all). This process runs the same steps alone. In float64 (where only summation
+order differs): the losses and gradient norms agree to 1e-8 (MoE: 1e-6, see ``MOE_TOL``), clipping binds,
+resuming from the step-2 checkpoint repeats steps 3-5, and the final checkpoints (shards gathered whole) load in plain
 transformers (+ PEFT for the adapter) with the one-process checkpoint's logits. Two tenants' adapters trained
-together in shared passes (``MultiLoraMegatronModel``, the MoE builtin) at ``tp_size=2`` get the losses and
-gradient norms they get in one process (where test_megatron_multi_lora.py shows each equals training alone).
+together in shared passes (``MultiLoraMegatronModel``, the MoE builtin) at ``tp_size=2``, and at ``ep_size=2``
+over ``dp_size=2`` (each token's adapter travelling with it to its expert's rank), get the losses and gradient
+norms they get in one process (where test_megatron_multi_lora.py shows each equals training alone).
 """
 
 from __future__ import annotations
@@ -31,7 +32,19 @@ from transformers import AutoModelForCausalLM
 pytest.importorskip("megatron.core", reason="needs twinkle-model[megatron]")
 sys.path.insert(0, str(Path(__file__).parent))
 from conversations import encoded_conversations
-from megatron_training import KINDS, LAYOUTS, MODEL, MOE_MODEL, RESUMED, label, make_model, run, train_tenants
+from megatron_training import (
+    KINDS,
+    LAYOUTS,
+    MODEL,
+    MOE_MODEL,
+    RESUMED,
+    TENANT_LAYOUTS,
+    label,
+    make_model,
+    run,
+    train_router_loss,
+    train_tenants,
+)
 from resumed_training import steps
 from torchrun_harness import CPU_ONLY, TIMEOUT_S, free_port
 
@@ -63,9 +76,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     for model_id in (MODEL, MOE_MODEL):
         resolve_model(model_id)  # built once, before several processes
     output = tmp_path_factory.mktemp("megatron")
-    results = _torchrun(
-        [*LAYOUTS, "tenants", "refusals"], output
-    )  # one launch: megatron-core's import is most of a run's time
+    # One launch: megatron-core's import is most of a run's time.
+    results = _torchrun([*LAYOUTS, *TENANT_LAYOUTS, "router-tp", "refusals"], output)
     for layout in LAYOUTS:
         model_id, _, targets = LAYOUTS[layout]
         for kind in KINDS:
@@ -128,16 +140,30 @@ def test_a_pipeline_parallel_checkpoint_resumes_in_one_process(runs, kind):
     assert losses == pytest.approx(runs["pp"][kind]["losses"][2:], **TOL)
 
 
-def test_tenants_in_shared_passes_at_tp_2_equal_one_process(runs):
-    alone = train_tenants(None)
-    for name, record in runs["tenants"].items():
-        print(f"tenant {name}: tp_size=2 losses {record['losses']}, one process {alone[name]['losses']}")
-        assert record["losses"] == pytest.approx(alone[name]["losses"], **MOE_TOL)
-        assert record["norms"] == pytest.approx(alone[name]["norms"], **MOE_TOL)
+@pytest.fixture(scope="module")
+def tenants_alone() -> dict[str, dict[str, list[float]]]:
+    return train_tenants(None)
 
 
-def test_the_routers_loss_over_split_layers_is_refused(runs):
-    for dim in ("tp", "pp"):
-        assert runs["refusals"][dim].startswith(
-            "the router's load-balancing loss (output_router_logits) with tp_size or pp_size > 1 is not built yet"
-        ), runs["refusals"]
+@pytest.mark.parametrize("layout", list(TENANT_LAYOUTS))
+def test_tenants_in_shared_passes_equal_one_process(runs, tenants_alone, layout):
+    for name, record in runs[layout].items():
+        alone = tenants_alone[name]
+        print(f"tenant {name}: {layout} losses {record['losses']}, one process {alone['losses']}")
+        assert record["losses"] == pytest.approx(alone["losses"], **MOE_TOL)
+        assert record["norms"] == pytest.approx(alone["norms"], **MOE_TOL)
+
+
+def test_the_routers_loss_at_tp_2_equals_one_process(runs):
+    """Each tensor-parallel rank computes the load-balancing loss whole; its gradient counts once."""
+    split, alone = runs["router-tp"], train_router_loss(None)
+    print(f"router loss at tp_size=2: {split}, one process {alone}")
+    assert split["aux"] == pytest.approx(alone["aux"], **MOE_TOL) and split["aux"] > 0.5
+    assert split["losses"] == pytest.approx(alone["losses"], **MOE_TOL)
+    assert split["norms"] == pytest.approx(alone["norms"], **MOE_TOL)
+
+
+def test_the_routers_loss_over_pipeline_stages_is_refused(runs):
+    assert runs["refusals"]["pp"].startswith(
+        "the router's load-balancing loss (output_router_logits) with pp_size > 1 is not built yet"
+    ), runs["refusals"]

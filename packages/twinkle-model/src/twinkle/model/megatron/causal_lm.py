@@ -189,8 +189,8 @@ class MegatronCausalLM(nn.Module):
         self.lora.num_experts = num_experts(config)
         for layer in self.gpt.decoder.layers:
             if is_moe(config):
-                update = self.lora.expert_update(layer.layer_number - 1)
-                layer.mlp.lora_update = layer.mlp.experts.lora_update = update
+                adapters = self.lora.expert_adapters(layer.layer_number - 1)
+                layer.mlp.adapters = layer.mlp.experts.adapters = adapters  # an expert shard takes them over
             for fused in FUSED:
                 if fused.startswith("mlp.") and is_moe(config):
                     continue

@@ -1,4 +1,5 @@
-"""The three tensor-parallel exchanges this back-end adds to megatron-core's layers, as autograd functions.
+"""The three tensor-parallel exchanges this back-end adds to megatron-core's layers, as autograd functions
+(and :func:`scale_gradient`, for what every rank computes whole but the group's exchanges sum).
 
 megatron-core's own (``tensor_parallel.mappings``) ask CUDA for the current device; these run on any
 torch.distributed backend (gloo on CPU). Each is the identity for a group of one.
@@ -54,6 +55,27 @@ class _GatherLastDim(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         return grad.chunk(ctx.size, dim=-1)[ctx.rank].contiguous(), None, None, None
+
+
+class _ScaleGradient(torch.autograd.Function):
+    """Identity forward; the backward multiplies the gradient by ``factor``."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.factor, None
+
+
+def scale_gradient(tensor: torch.Tensor, factor: float) -> torch.Tensor:
+    """``tensor``, whose gradient is multiplied by ``factor`` in backward."""
+    if factor == 1:
+        return tensor
+    result: torch.Tensor = _ScaleGradient.apply(tensor, factor)  # type: ignore[no-untyped-call]
+    return result
 
 
 def copy_to_group(tensor: torch.Tensor, group: dist.ProcessGroup | None, size: int) -> torch.Tensor:

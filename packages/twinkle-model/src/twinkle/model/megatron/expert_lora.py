@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from twinkle.model.parallel.experts import ExpertSlice
 from twinkle.module import ExpertLora, pattern_value
 
 # A MoE layer's adaptable parameters: our name for each -> (the transformers module holding it, its name there),
@@ -66,11 +67,19 @@ def _selects(target: str, name: str) -> bool:
 
 
 def expert_pair(
-    param: str, rank: int, experts: int, shape: tuple[int, int], like: torch.Tensor, tp_rank: int, tp_size: int
+    param: str,
+    rank: int,
+    experts: int,
+    shape: tuple[int, int],
+    like: torch.Tensor,
+    tensor_part: tuple[int, int],
+    expert_block: tuple[int, int],
 ) -> nn.ParameterDict:
     """PEFT's initial pair for a fused expert tensor of per-expert ``shape`` ``(out, in)`` (or the router's
-    ``[E, H]``, one pair: ``experts`` 1), this rank's part."""
+    ``[E, H]``, one pair: ``experts`` 1), this rank's part: ``tensor_part`` is its ``(rank, size)`` in the
+    tensor-parallel group, ``expert_block`` its block of the experts (expert parallelism) and their number."""
     out_features, in_features = shape
+    (tp_rank, tp_size), (block, blocks) = tensor_part, expert_block
     A = torch.empty(rank * experts, in_features, dtype=like.dtype, device=like.device)
     nn.init.kaiming_uniform_(A, a=math.sqrt(5))  # PEFT's default, on the whole matrix on every rank
     B = torch.zeros(out_features, rank * experts, dtype=like.dtype, device=like.device)
@@ -81,6 +90,10 @@ def expert_pair(
     elif tp_size > 1 and cut == ("B", 0):  # gate_up: each rank's rows of both halves, as the experts' weights
         halves = B.chunk(2 * tp_size, dim=0)
         B = torch.cat([halves[tp_rank], halves[tp_size + tp_rank]]).clone()
+    # This rank's experts' pairs only: A's blocks of rows, B's columns (the expert is B's minor index).
+    slices = {part: ExpertSlice(part == "B", experts // blocks, block, blocks) for part in ("A", "B")}
+    if blocks > 1:
+        A, B = slices["A"].cut(A), slices["B"].cut(B)
     pair = nn.ParameterDict({"A": nn.Parameter(A), "B": nn.Parameter(B)})
     for part in ("A", "B"):
         sharded_dim = cut[1] if cut is not None and cut[0] == part else None
@@ -90,6 +103,8 @@ def expert_pair(
         tensor.partition_dim = -1 if sharded_dim is None else sharded_dim
         tensor.partition_stride = stride
         tensor.partial_over_tensor_parallel = sharded_dim is None
+        if blocks > 1:  # gradients summed and checkpoints gathered as the experts' own (ExpertParallel)
+            tensor.expert_slice = slices[part]
     return pair
 
 

@@ -28,6 +28,7 @@ import copy
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -67,6 +68,7 @@ class MegatronLora(nn.Module):
         # adapter -> (layer, fused expert tensor) -> the PEFT module name its pair is saved under
         self.expert_modules: dict[str, dict[tuple[int, str], str]] = {}
         self.num_experts = 0  # per MoE layer; 0 for a dense model
+        self.expert_block = (0, 1)  # (this rank's block of every layer's experts, blocks): expert parallelism
         self.routing: RowRouting | None = None  # the current forward's rows of each adapter
 
     def add(
@@ -126,7 +128,8 @@ class MegatronLora(nn.Module):
                 rank, alpha = expert_rank(config, layer, param)
                 matched = True
                 count = 1 if param == "router" else experts[0]  # the router's weight is one matrix
-                pair = expert_pair(param, rank, count, experts[1][param], like, self.rank, self.size)
+                block = (0, 1) if param == "router" else self.expert_block
+                pair = expert_pair(param, rank, count, experts[1][param], like, (self.rank, self.size), block)
                 scaling[module] = alpha / math.sqrt(rank) if config.use_rslora else alpha / rank
                 self.expert_modules.setdefault(name, {})[(layer, param)] = module
                 if layer in kept:
@@ -166,32 +169,42 @@ class MegatronLora(nn.Module):
         del self.adapters[name], self.configs[name], self.scaling[name]
         self.expert_modules.pop(name, None)
 
-    def expert_update(self, layer: int) -> Any:
-        """The LoRA update of decoder layer ``layer``'s experts and router for the routed rows (see .moe).
+    def expert_adapters(self, layer: int) -> LayerExpertAdapters:
+        """Decoder layer ``layer``'s pairs on its experts and router, for its MoE modules (see .moe)."""
+        return LayerExpertAdapters(self, layer)
 
-        The update takes ``x`` (tokens of the flattened ``[S·B, H]``, those at ``tokens``; all when ``None``).
-        """
+    def token_tags(self, tokens: int, device: torch.device) -> torch.Tensor | None:
+        """Each of the flattened ``[S·B]`` tokens' adapter, as its index among :attr:`adapters` (-1: none);
+        ``None`` outside :meth:`routed`. Every rank holds the same adapters in the same order, so a tag means
+        the same adapter on the rank an expert-parallel exchange sends the token to."""
+        if self.routing is None:
+            return None
+        names = list(self.adapters)
+        tags_B = torch.full((self.routing.batch_size,), -1, dtype=torch.long, device=device)
+        for name, rows in self.routing.groups:
+            tags_B[slice(None) if rows is None else rows] = names.index(name)
+        return tags_B.repeat(tokens // self.routing.batch_size)  # token s·B + b is one of row b
 
-        def update(param: str, expert: int, x: torch.Tensor, tokens: torch.Tensor | None) -> torch.Tensor | None:
-            if self.routing is None:
-                return None
-            index_N = torch.arange(x.shape[0], device=x.device) if tokens is None else tokens
-            rows_N = index_N % self.routing.batch_size  # token s·B + b of the flattened [S, B] is one of row b
-            total = None
-            for name, picked in self.routing.for_tokens(rows_N).groups:
-                module = self.expert_modules.get(name, {}).get((layer, param))
-                if module is None:
-                    continue
-                pairs: Any = self.adapters[name]
-                count = 1 if param == "router" else self.num_experts
-                x_n = x if picked is None else x.index_select(0, picked)
-                delta = expert_update(pairs[_key(module)], count, self.scaling[name][module], expert, x_n)
-                if picked is not None:
-                    delta = delta.new_zeros(x.shape[0], delta.shape[-1]).index_add(0, picked, delta)
-                total = delta if total is None else total + delta
-            return total
-
-        return update
+    def expert_delta(
+        self, layer: int, param: str, expert: int, x: torch.Tensor, tags: torch.Tensor
+    ) -> torch.Tensor | None:
+        """The update of layer ``layer``'s MoE tensor ``param`` (expert ``expert`` of this rank's) for rows ``x``
+        tagged by :meth:`token_tags`; ``None`` when no tagged adapter adapts it."""
+        names, total = list(self.adapters), None
+        count = 1 if param == "router" else self.num_experts // self.expert_block[1]  # this rank's experts
+        for tag in tags.unique().tolist():
+            module = self.expert_modules.get(names[tag], {}).get((layer, param)) if tag >= 0 else None
+            if module is None:
+                continue
+            pairs: Any = self.adapters[names[tag]]
+            mine = tags == tag
+            picked = None if bool(mine.all()) else mine.nonzero().squeeze(1)
+            x_n = x if picked is None else x.index_select(0, picked)
+            delta = expert_update(pairs[_key(module)], count, self.scaling[names[tag]][module], expert, x_n)
+            if picked is not None:
+                delta = delta.new_zeros(x.shape[0], delta.shape[-1]).index_add(0, picked, delta)
+            total = delta if total is None else total + delta
+        return total
 
     def with_head_updates(
         self, local_NV: torch.Tensor, x: torch.Tensor, routing: RowRouting | None, frozen: bool
@@ -318,3 +331,17 @@ def _key(module: str) -> str:
 
 def _module(key: str) -> str:
     return key.replace("/", ".")
+
+
+@dataclass(frozen=True)
+class LayerExpertAdapters:
+    """One decoder layer's :class:`~twinkle.model.parallel.experts.ExpertAdapters`: its pairs in ``lora``."""
+
+    lora: MegatronLora
+    layer: int
+
+    def token_tags(self, tokens: int, device: torch.device) -> torch.Tensor | None:
+        return self.lora.token_tags(tokens, device)
+
+    def update(self, param: str, expert: int, x: torch.Tensor, tags: torch.Tensor) -> torch.Tensor | None:
+        return self.lora.expert_delta(self.layer, param, expert, x, tags)

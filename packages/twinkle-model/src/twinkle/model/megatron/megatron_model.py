@@ -28,7 +28,7 @@ from twinkle.model.checkpoints.save_load import read_weight_files
 from twinkle.model.loading import CheckpointingPolicy
 from twinkle.model.megatron.causal_lm import MegatronCausalLM
 from twinkle.model.megatron.conversion import check_supported, to_megatron, to_transformers
-from twinkle.model.megatron.expert_lora import expert_targets, full_name
+from twinkle.model.megatron.expert_lora import full_name
 from twinkle.model.megatron.lora import HEAD
 from twinkle.model.megatron.pipeline import names_over_stages
 from twinkle.model.megatron.plan import MegatronParallel
@@ -76,10 +76,10 @@ class MegatronModel(TrainingModel):
         parallel = self.parallel
         assert isinstance(parallel, MegatronParallel)
         router = {key: options[key] for key in ROUTER if key in options}  # the load-balancing loss, as transformers'
-        if router.get("output_router_logits") and (parallel.tp_size > 1 or parallel.stage.size > 1):
+        if router.get("output_router_logits") and parallel.stage.size > 1:
             raise ConfigurationError(
-                "the router's load-balancing loss (output_router_logits) with tp_size or pp_size > 1 is not built "
-                "yet: it needs every layer's routing statistics, and the stages and shards see parts of them"
+                "the router's load-balancing loss (output_router_logits) with pp_size > 1 is not built yet: it "
+                "needs every layer's routing statistics together, and each stage sees its own layers'"
             )
         config = AutoConfig.from_pretrained(self.model_path, **router)
         with torch.random.fork_rng(devices=[]):  # building the layers must not move the data's random stream
@@ -90,6 +90,8 @@ class MegatronModel(TrainingModel):
         source = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=options["dtype"])
         _copy_whole_weights(model, parallel, to_megatron(source.state_dict(), config))
         parallel.shard_experts(model)  # each expert-parallel rank keeps its block of them (cut from the whole)
+        if parallel.experts is not None:  # and the experts' LoRA pairs, too
+            model.lora.expert_block = (parallel.experts.rank_in_group, parallel.experts.size)
         return model.train()
 
     def load_full_weights(self, path: Path) -> None:
@@ -107,12 +109,6 @@ class MegatronModel(TrainingModel):
         sizes, layers, experts = model.projection_sizes(), model.stage_layers, model.expert_sizes()
         if experts is not None and isinstance(config, LoraConfig):
             config = as_peft_resolves(_meta_model(model.config), config)  # "all-linear" adds experts and router
-            targets = {name for _, name, _ in expert_targets(config, model.config.num_hidden_layers)}
-            if targets - {"router"} and getattr(self.parallel, "experts", None) is not None:
-                raise ConfigurationError(
-                    f"adapter {adapter_name!r}: LoRA on the experts with ep_size > 1 is not built yet; target the "
-                    "attention's projections (target_modules=['q_proj', 'k_proj', 'v_proj', 'o_proj'])"
-                )
         head = (model.config.vocab_size, model.config.hidden_size)
         pipeline = model.stage.size > 1
         model.lora.add(

@@ -8,22 +8,21 @@ group as megatron cuts a dense MLP: ``gate_up`` by rows of both halves, ``down``
 computes its part of every expert's output; the parts are summed over the group. The router is
 replicated, and its gradient (a partial one per rank, like the input's) is summed over the group. A forward
 that asks for the router's logits (the load-balancing loss, ``output_router_logits``) finds each layer's in
-its :class:`RouterLogits`.
+its :class:`RouterLogits`; every tensor-parallel rank computes that loss whole, so its gradient is divided by
+the group's size on the way back (the group sums it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from twinkle.model.megatron.collectives import copy_to_group, sum_over_group
+from twinkle.model.megatron.collectives import copy_to_group, scale_gradient, sum_over_group
 from twinkle.model.megatron.conversion import num_experts
-
-LoraUpdate = Callable[[str, int, torch.Tensor, torch.Tensor | None], torch.Tensor | None]
+from twinkle.model.parallel.experts import ExpertAdapters, swiglu_expert
 
 
 class RouterLogits:
@@ -36,13 +35,12 @@ class RouterLogits:
 class FusedExperts(nn.Module):
     """A layer's experts as transformers fuses them (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``), this
     rank's tensor-parallel part of each; called as transformers calls its experts module, so expert parallelism
-    (:class:`twinkle.model.parallel.ExpertShard`) can take its place."""
+    (:class:`twinkle.model.parallel.experts.ExpertShard`) can take its place, adapters included."""
 
     def __init__(self, experts: int, hidden: int, width: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.act_fn = nn.functional.silu
-        # (tensor name, expert, rows x, their token indices) -> the adapters' low-rank update of x (None: none).
-        self.lora_update: LoraUpdate = lambda *_: None
+        self.adapters: ExpertAdapters | None = None  # the layer's LoRA pairs on the experts (set by the model)
         self.gate_up_proj = nn.Parameter(torch.zeros(experts, 2 * width, hidden, dtype=dtype))
         self.down_proj = nn.Parameter(torch.zeros(experts, hidden, width, dtype=dtype))
         for param, dim, stride in ((self.gate_up_proj, 1, 2), (self.down_proj, 2, 1)):
@@ -50,19 +48,13 @@ class FusedExperts(nn.Module):
             param.partition_dim, param.partition_stride = dim, stride  # type: ignore[attr-defined]
 
     def forward(self, x_NH: torch.Tensor, experts_NK: torch.Tensor, weights_NK: torch.Tensor) -> torch.Tensor:
+        tags_N = None if self.adapters is None else self.adapters.token_tags(x_NH.shape[0], x_NH.device)
         out_NH = torch.zeros_like(x_NH)
         for expert in experts_NK.unique().tolist():
             tokens, slot = torch.where(experts_NK == expert)
-            x = x_NH[tokens]
-            gate, up = self._projected("gate_up_proj", expert, x, tokens).chunk(2, dim=-1)
-            expert_out = self._projected("down_proj", expert, self.act_fn(gate) * up, tokens)
+            expert_out = swiglu_expert(self, expert, x_NH[tokens], None if tags_N is None else tags_N[tokens])
             out_NH = out_NH.index_add(0, tokens, expert_out * weights_NK[tokens, slot, None])
         return out_NH
-
-    def _projected(self, name: str, expert: int, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        out = nn.functional.linear(x, getattr(self, name)[expert])
-        update = self.lora_update(name, expert, x, tokens)
-        return out if update is None else out + update
 
 
 class MegatronMoE(nn.Module):
@@ -87,16 +79,20 @@ class MegatronMoE(nn.Module):
         self.router = nn.Parameter(torch.zeros(experts, hidden, dtype=dtype))
         self.router.partial_over_tensor_parallel = True  # type: ignore[attr-defined]
         self.experts = FusedExperts(experts, hidden, hf_config.moe_intermediate_size // size, dtype)
-        self.lora_update: LoraUpdate = lambda *_: None  # the router's
+        self.adapters: ExpertAdapters | None = None  # the layer's LoRA pairs, the router's among them
 
     def forward(self, hidden_SBH: torch.Tensor, **_: Any) -> tuple[torch.Tensor, None]:
         shape = hidden_SBH.shape
         x_NH = copy_to_group(hidden_SBH.reshape(-1, shape[-1]), self.group, self.size)
         logits_NE = nn.functional.linear(x_NH, self.router)
-        update = self.lora_update("router", 0, x_NH, None)
+        adapters = self.adapters
+        tags_N = None if adapters is None else adapters.token_tags(x_NH.shape[0], x_NH.device)
+        update = None if adapters is None or tags_N is None else adapters.update("router", 0, x_NH, tags_N)
         logits_NE = logits_NE if update is None else logits_NE + update
         if self.router_logits.logits is not None:
-            self.router_logits.logits.append(logits_NE)
+            # Every tensor-parallel rank computes the same load-balancing loss from these, but the router's and
+            # the input's gradients are summed over the group (each rank's experts' part): count it once.
+            self.router_logits.logits.append(scale_gradient(logits_NE, 1 / self.size))
         probs_NE = torch.softmax(logits_NE, dim=-1, dtype=torch.float)
         weights_NK, experts_NK = torch.topk(probs_NE, self.top_k, dim=-1)
         if self.normalize:

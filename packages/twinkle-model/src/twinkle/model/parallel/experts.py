@@ -19,14 +19,16 @@ families) cut to the rank's experts: ``lora_A [r·E/ep, in]`` and
 :class:`ExpertSlice`: their gradients are complete on their rank once summed
 over the ranks holding the same experts and scaled as FSDP2 scales the rest
 (:meth:`ExpertParallel.sync_gradients`), and checkpoints gather them into the
-one-process layout (and cut them back when loading).
+one-process layout (and cut them back when loading). A back-end that keeps such
+pairs outside the module (megatron's, see :class:`ExpertAdapters`) marks each
+with its ``expert_slice``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -67,6 +69,35 @@ def send_rows(
     return output
 
 
+class ExpertAdapters(Protocol):
+    """LoRA updates of one MoE layer's experts for tokens tagged by adapter (an ``int`` each; -1: none).
+
+    A token's tag travels with it to the rank holding its expert, so the adapters of a layer need not know
+    the sender's batch rows.
+    """
+
+    def token_tags(self, tokens: int, device: torch.device) -> torch.Tensor | None:
+        """The tag of each of a forward's ``tokens`` flattened tokens (``None``: no adapter applies)."""
+        ...
+
+    def update(self, param: str, expert: int, x: torch.Tensor, tags: torch.Tensor) -> torch.Tensor | None:
+        """The update of ``param``'s output (its expert ``expert``, in the module's own numbering) for rows ``x``."""
+        ...
+
+
+def swiglu_expert(experts: Any, expert: int, x: torch.Tensor, tags: torch.Tensor | None) -> torch.Tensor:
+    """Expert ``expert`` of a fused experts module (``act_fn``, ``gate_up_proj``, ``down_proj``; optional
+    :class:`ExpertAdapters` ``adapters``) on its rows ``x``, whose adapter ``tags`` are given when any apply."""
+
+    def projected(param: str, rows: torch.Tensor) -> torch.Tensor:
+        out = torch.nn.functional.linear(rows, getattr(experts, param)[expert])
+        update = None if tags is None else experts.adapters.update(param, expert, rows, tags)
+        return out if update is None else out + update
+
+    gate, up = projected("gate_up_proj", x).chunk(2, dim=-1)
+    return projected("down_proj", experts.act_fn(gate) * up)
+
+
 def fused_experts(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
     """Every ``(name, module)`` of ``model`` that holds a layer's experts as fused ``[E, ...]`` tensors."""
     for name, module in model.named_modules():
@@ -98,6 +129,7 @@ class ExpertShard(torch.nn.Module):
         self.count = self.num_experts // size
         self.first = rank * self.count
         self.size, self.group, self.act_fn = size, group, experts.act_fn
+        self.adapters: ExpertAdapters | None = getattr(experts, "adapters", None)
         own = slice(self.first, self.first + self.count)
         for param in ("gate_up_proj", "down_proj"):  # trained in full-parameter training, frozen under LoRA
             whole = experts.get_parameter(param)
@@ -116,20 +148,32 @@ class ExpertShard(torch.nn.Module):
         received = torch.empty_like(sent)
         dist.all_to_all_single(received, sent, group=self.group)
         input_counts, output_counts = sent.tolist(), received.tolist()
-        arrived_expert_R = _all_to_all_rows(experts_A, output_counts, input_counts, self.group) - self.first
+        # Each assignment's expert travels with its token's adapter tag, if the layer has adapters.
+        tags_N = self._token_tags(hidden_NH)
+        labels = experts_A if tags_N is None else torch.stack([experts_A, tags_N[tokens_A]], dim=1)
+        arrived = _all_to_all_rows(labels, output_counts, input_counts, self.group)
+        experts_R, tags_R = (arrived, None) if tags_N is None else (arrived[:, 0], arrived[:, 1])
         arrived_RH = send_rows(hidden_NH[tokens_A], output_counts, input_counts, self.group)
-        computed_RH = self._experts(arrived_RH, arrived_expert_R)
+        computed_RH = self._experts(arrived_RH, experts_R - self.first, tags_R)
         returned_AH = send_rows(computed_RH, input_counts, output_counts, self.group)
         weighted_AH = returned_AH * weights_A[:, None].to(returned_AH.dtype)
         return torch.zeros_like(hidden_NH).index_add_(0, tokens_A, weighted_AH.to(hidden_NH.dtype))
 
-    def _experts(self, rows_RH: torch.Tensor, experts_R: torch.Tensor) -> torch.Tensor:
+    def _token_tags(self, hidden_NH: torch.Tensor) -> torch.Tensor | None:
+        """Each token's adapter tag when the layer has adapters: all -1 when none applies to this rank's rows
+        (the other ranks' may, and the exchange is collective)."""
+        if self.adapters is None:
+            return None
+        tokens, device = hidden_NH.shape[0], hidden_NH.device
+        tags_N = self.adapters.token_tags(tokens, device)
+        return torch.full((tokens,), -1, dtype=torch.long, device=device) if tags_N is None else tags_N
+
+    def _experts(self, rows_RH: torch.Tensor, experts_R: torch.Tensor, tags_R: torch.Tensor | None) -> torch.Tensor:
         output_RH = rows_RH.new_zeros(rows_RH.shape[0], self.down_proj.shape[1])
         for expert in torch.unique(experts_R).tolist():
             picked = (experts_R == expert).nonzero().squeeze(1)
-            gate, up = torch.nn.functional.linear(rows_RH[picked], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            output = torch.nn.functional.linear(self.act_fn(gate) * up, self.down_proj[expert])
-            output_RH = output_RH.index_copy(0, picked, output)
+            tags = None if tags_R is None else tags_R[picked]
+            output_RH = output_RH.index_copy(0, picked, swiglu_expert(self, expert, rows_RH[picked], tags))
         return output_RH
 
 
@@ -193,7 +237,10 @@ class ExpertParallel:
 
     def expert_slices(self, model: torch.nn.Module) -> dict[int, ExpertSlice]:
         """This rank's expert-local tensors (its experts' weights and their LoRA pairs), by ``data_ptr``."""
-        return self._slices if self._slices is not None else self._find_slices(model)
+        found = self._slices if self._slices is not None else self._find_slices(model)
+        # Pairs a back-end adds after the experts were sharded (and may remove) say so themselves.
+        marked = {p.data_ptr(): p.expert_slice for p in model.parameters() if hasattr(p, "expert_slice")}
+        return {**found, **marked} if marked else found
 
     def _find_slices(self, model: torch.nn.Module) -> dict[int, ExpertSlice]:
         slices: dict[int, ExpertSlice] = {}
