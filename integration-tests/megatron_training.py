@@ -1,6 +1,7 @@
-"""Under ``torchrun --nproc_per_node 2``: MegatronModel trains in each of :data:`LAYOUTS` (TP, PP, DP; TP, EP on MoE).
+"""Under torchrun: MegatronModel trains in each of :data:`LAYOUTS` (TP, PP, DP; on MoE TP, EP, and EP with each).
 
     torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp,pp,ep-moe,tenants,router-tp OUTPUT_DIR
+    torchrun --nproc_per_node 4 integration-tests/megatron_training.py tp-ep-moe,pp-ep-moe OUTPUT_DIR
 
 Every weight, then a LoRA adapter (PEFT's "all-linear", which on the MoE builtin adapts the attention, the
 fused experts and the router; the pipeline layout adds the output layer),
@@ -36,17 +37,28 @@ MOE_MODEL = "builtin://qwen3-moe-tiny"
 ALL_LINEAR = "all-linear"  # PEFT's: on the MoE builtin, the attention, the fused experts and the router
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 WITH_HEAD = (*ATTENTION, "gate_proj", "up_proj", "down_proj", "lm_head")  # the (tied) output layer too
-# layout -> the model, its mesh's sizes (as multiples of the world size) and the adapter's target_modules;
+# layout -> the model, its mesh's sizes (its world: tp × pp × dp) and the adapter's target_modules;
 # "-moe" layouts train the MoE builtin.
 LAYOUTS = {
-    "tp": (MODEL, ("tp",), ALL_LINEAR),
-    "pp": (MODEL, ("pp",), WITH_HEAD),  # every stage runs the output layer: its pair as the embeddings
-    "dp": (MODEL, ("dp",), ALL_LINEAR),
-    "tp-moe": (MOE_MODEL, ("tp",), ALL_LINEAR),
-    "ep-moe": (MOE_MODEL, ("ep", "dp"), ALL_LINEAR),  # experts (and their pairs) split over the data ranks
+    "tp": (MODEL, {"tp": 2}, ALL_LINEAR),
+    "pp": (MODEL, {"pp": 2}, WITH_HEAD),  # every stage runs the output layer: its pair as the embeddings
+    "dp": (MODEL, {"dp": 2}, ALL_LINEAR),
+    "tp-moe": (MOE_MODEL, {"tp": 2}, ALL_LINEAR),
+    "ep-moe": (MOE_MODEL, {"ep": 2, "dp": 2}, ALL_LINEAR),  # experts (and their pairs) split over the data ranks
+    # four ranks: each expert-parallel group (two data ranks) is one tensor-parallel rank's, with its parts
+    "tp-ep-moe": (MOE_MODEL, {"tp": 2, "ep": 2, "dp": 2}, ALL_LINEAR),
+    "pp-ep-moe": (MOE_MODEL, {"pp": 2, "ep": 2, "dp": 2}, ALL_LINEAR),  # ... one pipeline stage's
 }
+
+
+def world_of(layout: str) -> int:
+    """How many processes ``layout`` takes (expert parallelism is over the data-parallel ranks)."""
+    sizes = LAYOUTS[layout][1]
+    return sizes.get("tp", 1) * sizes.get("pp", 1) * sizes.get("dp", 1)
+
+
 # The layouts whose checkpoints are cut differently from one process's (or another layout's): these resume.
-RESUMED = ("tp", "pp", "ep-moe")
+RESUMED = ("tp", "pp", "ep-moe", "tp-ep-moe", "pp-ep-moe")
 KINDS = ("full", "lora")
 # Tenants' adapters in shared passes on the MoE builtin (MultiLoraMegatronModel): name -> (rank, target_modules).
 TENANTS = {"all": (4, ALL_LINEAR), "attention": (2, (*ATTENTION, "lm_head"))}
@@ -151,8 +163,8 @@ def main(layouts: list[str], output_dir: Path) -> None:
             results[layout] = train_tenants(DeviceMesh.from_sizes(world_size=world, **sizes))
             parallel_state.destroy_model_parallel()
             continue
-        model_id, dims, targets = LAYOUTS[layout]
-        mesh = DeviceMesh.from_sizes(world_size=world, **{f"{dim}_size": world for dim in dims})
+        model_id, sizes, targets = LAYOUTS[layout]
+        mesh = DeviceMesh.from_sizes(world_size=world, **{f"{dim}_size": size for dim, size in sizes.items()})
         results[layout] = {
             kind: run(mesh, kind == "lora", output_dir / layout / kind, model_id, targets, layout in RESUMED)
             for kind in KINDS

@@ -14,10 +14,12 @@ whose norms add over the stages; the weights every stage holds (the word embeddi
 summed over the stages and count once. Checkpoints join the stages' layers under the model's layer
 numbers, and optimizer states are numbered as one process numbers them, so any layout resumes any other.
 
-Expert parallelism (``ep_size``, over the data-parallel ranks, MoE models, ``tp_size`` 1) is
+Expert parallelism (``ep_size``, over the data-parallel ranks, MoE models) is
 :class:`twinkle.model.parallel.experts.ExpertParallel`'s, as under FSDP2: each rank keeps its block of
-every layer's experts, tokens travel to them by all-to-all, expert gradients are summed over the ranks
-holding the same experts and scaled as the rest, and checkpoints gather the experts whole.
+every layer's experts (and of their LoRA pairs), tokens travel to them by all-to-all, expert gradients are
+summed over the ranks holding the same experts and scaled as the rest, and checkpoints gather the experts
+whole. With ``tp_size`` too, each expert-parallel group is one tensor-parallel rank's: it exchanges that
+rank's parts of the experts, and the tensor-parallel sum after the experts adds the parts up.
 """
 
 from __future__ import annotations
@@ -58,11 +60,6 @@ class MegatronParallel(Parallelism):
             raise ConfigurationError(
                 f"MegatronModel trains with tp_size, pp_size, ep_size and dp_size only; this mesh also has {others}"
             )
-        if self.mesh.size("ep") > 1 and self.mesh.size("tp") > 1:
-            raise ConfigurationError(
-                f"MegatronModel splits the experts by ep_size={self.mesh.size('ep')} or by tp_size="
-                f"{self.mesh.size('tp')}, not both yet"
-            )
         _join_process_group(self.mesh, device)
         self.rank = dist.get_rank()
         self.tp_size = self.mesh.size("tp")
@@ -96,21 +93,17 @@ class MegatronParallel(Parallelism):
 
     def sync_gradients(self, model: torch.nn.Module, params: Sequence[torch.nn.Parameter]) -> None:
         self._sum_over_stages(params)
-        experts = self._expert_params(model)
-        if self.experts is not None:
-            self.experts.sync_gradients(model, [param for param in params if param in experts], self.data_world_size)
-        for param in params:
-            if param in experts:
-                continue
-            grad = param.grad
-            if grad is None or not self.synced.pending(param):
-                continue
-            # Replicated, but each rank used it on its own part (its heads, its rows): the gradient is partial.
+        pending = [param for param in params if param.grad is not None and self.synced.pending(param)]
+        for param in pending:  # replicated, but each rank used it on its own part (heads, rows, experts' slices)
             if self.tp_size > 1 and getattr(param, "partial_over_tensor_parallel", False):
-                dist.all_reduce(grad, group=self.tp_group)
-            if self.data_world_size > 1:
-                dist.all_reduce(grad, group=self.dp_group)
-                grad.div_(self.data_world_size)
+                dist.all_reduce(param.grad, group=self.tp_group)
+        experts = self._expert_params(model)
+        if self.experts is not None:  # summed over the ranks holding the same experts, scaled as the rest
+            self.experts.sync_gradients(model, [param for param in params if param in experts], self.data_world_size)
+        for param in pending:
+            if param not in experts and self.data_world_size > 1:
+                dist.all_reduce(param.grad, group=self.dp_group)
+                param.grad.div_(self.data_world_size)  # type: ignore[union-attr]
         self.synced.mark(params)
 
     def _sum_over_stages(self, params: Sequence[torch.nn.Parameter]) -> None:
@@ -132,8 +125,10 @@ class MegatronParallel(Parallelism):
         sharded = torch.zeros((), dtype=torch.float64)
         replicated = torch.zeros((), dtype=torch.float64)
         experts = self._expert_params(model)
-        if self.experts is not None:  # each expert once: summed over the expert-parallel group
-            replicated += self.experts.squared_norm(model, [param for param in params if param in experts])
+        if self.experts is not None:  # each expert once: summed over the expert-parallel group (shards: and tp's)
+            mine = [param for param in params if param in experts]
+            sharded += self.experts.squared_norm(model, [param for param in mine if is_sharded(param)])
+            replicated += self.experts.squared_norm(model, [param for param in mine if not is_sharded(param)])
         for param in params:
             if param.grad is None or param in experts:
                 continue
@@ -156,26 +151,23 @@ class MegatronParallel(Parallelism):
         return norm
 
     def gathered(self, model: torch.nn.Module, tensors: dict[str, Any]) -> dict[str, Any]:
-        if self.experts is not None:
-            tensors = self.experts.gathered(model, tensors)  # the experts whole; tp_size is 1
         params = {param.data_ptr(): param for param in model.parameters()}
         joined = {
-            self.stage.global_name(key): whole(value, params[value.data_ptr()], self.tp_group, self.tp_size)
+            self.stage.global_name(key): self._whole(model, value, params[value.data_ptr()])
             if torch.is_tensor(value) and value.data_ptr() in params
             else value
             for key, value in tensors.items()
         }
         return joined if self.stage.size == 1 else union_over_stages(joined, self.stage)
 
+    def _whole(self, model: torch.nn.Module, local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        """The whole of ``param``'s ``local`` part (or of its optimizer moment): joined over the tensor-parallel
+        group, then over the expert-parallel one (collectives)."""
+        joined = whole(local, param, self.tp_group, self.tp_size)
+        return joined if self.experts is None else self.experts.gathered_like(model, param, joined)
+
     def gathered_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        group, size, experts = self.tp_group, self.tp_size, self.experts
-
-        def joined(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-            if experts is not None:
-                value = experts.gathered_like(model, param, value)
-            return whole(value, param, group, size)
-
-        state = map_moments(optimizer.state_dict(), optimizer, joined)
+        state = map_moments(optimizer.state_dict(), optimizer, lambda value, param: self._whole(model, value, param))
         if self.stage.size == 1:
             return state
         return stitched_optimizer_state(state, optimizer_names(model, optimizer, self.stage), self.stage)

@@ -133,7 +133,9 @@ class ExpertShard(torch.nn.Module):
         own = slice(self.first, self.first + self.count)
         for param in ("gate_up_proj", "down_proj"):  # trained in full-parameter training, frozen under LoRA
             whole = experts.get_parameter(param)
-            setattr(self, param, torch.nn.Parameter(whole.data[own].clone(), requires_grad=whole.requires_grad))
+            block = torch.nn.Parameter(whole.data[own].clone(), requires_grad=whole.requires_grad)
+            block.__dict__.update(whole.__dict__)  # what a back-end marked on it (megatron's tensor-parallel cut)
+            setattr(self, param, block)
 
     def forward(self, hidden_NH: torch.Tensor, top_k_index_NK: torch.Tensor, top_k_weights_NK: torch.Tensor) -> Any:
         experts_A = top_k_index_NK.reshape(-1)  # one (token, expert) assignment per entry
@@ -185,9 +187,14 @@ class ExpertParallel:
         self.rank_in_group = mesh.expert_rank(rank)
         groups = mesh.expert_groups()
         self.group = own_group(groups, rank)
-        # The ranks holding the same experts (one per expert-parallel group), when there are several groups.
-        replicas = [[group[index] for group in groups] for index in range(self.size)]
-        self.replica_group = own_group(replicas, rank) if len(groups) > 1 else None
+        # The ranks holding the same experts: one per expert-parallel group of the same pipeline stage and
+        # tensor-parallel rank (other stages hold other layers, other tensor-parallel ranks other parts of them).
+        same_part: dict[tuple[int, int], list[list[int]]] = {}
+        for group in groups:
+            coords = mesh.coords(group[0])
+            same_part.setdefault((coords["pp"], coords["tp"]), []).append(group)
+        replicas = [[group[index] for group in part] for part in same_part.values() for index in range(self.size)]
+        self.replica_group = own_group(replicas, rank) if len(replicas[0]) > 1 else None
         self.synced = SyncedGradients()
         self._slices: dict[int, ExpertSlice] | None = None  # fixed once the experts are sharded (see shard)
 
