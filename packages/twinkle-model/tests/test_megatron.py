@@ -173,9 +173,14 @@ def _without_aux(features: list[dict[str, Any]]) -> torch.Tensor:
     return dict(model.model.gpt.named_parameters())["decoder.layers.0.mlp.router"].grad
 
 
-def test_what_the_back_end_cannot_do_yet_is_refused(model):
+def test_what_the_back_end_cannot_do_yet_is_refused(model, tmp_path: Path):
     with pytest.raises(ConfigurationError, match="match no projection of the decoder layers"):
         model.add_adapter_to_model("nothing", {"r": 4, "target_modules": ["embed_tokens"]})
+    # PEFT saves the output layer's base weight beside an lm_head adapter unless told not to: named, not loaded.
+    saved = get_peft_model(_plain(), LoraConfig(r=4, target_modules=["q_proj", "lm_head"]))
+    saved.save_pretrained(tmp_path / "with-base", save_embedding_layers=True)
+    with pytest.raises(ConfigurationError, match=r"'base_model\.model\.lm_head\.base_layer\.weight' is a base weight"):
+        model.add_adapter_to_model("with-base", str(tmp_path / "with-base"))
     assert model.adapter_names == []
     model.add_adapter_to_model("head", {"r": 4, "target_modules": ["q_proj", "lm_head"]})
     with pytest.raises(ConfigurationError, match="adapts lm_head, whose weight is tied to the input embeddings"):

@@ -4,6 +4,7 @@ from twinkle.module.logps import LowRankTerm, TokenLogps, chunked_token_logps, l
 from twinkle.module.lora_format import (
     ADAPTER_CONFIG,
     check_lora_config,
+    check_lora_keys,
     lora_targets,
     parameter_keys,
     pattern_value,
@@ -62,6 +63,7 @@ __all__ = [
     "adapter_rows",
     "build_optimizer",
     "check_lora_config",
+    "check_lora_keys",
     "chunked_token_logps",
     "default_scheduler",
     "images_per_row",

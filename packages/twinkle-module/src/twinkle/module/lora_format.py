@@ -49,6 +49,18 @@ def check_lora_config(name: str, config: Any) -> None:
             raise ConfigurationError(f"adapter {name!r} uses {feature}, which samplers do not support")
 
 
+def check_lora_keys(name: str, state_dict: Mapping[str, Any]) -> None:
+    """Refuse a state dict holding anything but LoRA ``A``/``B`` weights, naming the first such key."""
+    for key in state_dict:
+        if _KEY.match(key) is None and key.endswith(".base_layer.weight"):
+            raise ConfigurationError(
+                f"adapter {name!r}: {key!r} is a base weight, which PEFT saves beside the adapter when an "
+                "embedding or lm_head is targeted; save with save_embedding_layers=False to keep the adapter alone"
+            )
+        if _KEY.match(key) is None:
+            raise ConfigurationError(f"adapter {name!r}: {key!r} is not a LoRA A/B weight of a linear layer")
+
+
 def split_lora_state_dict(
     name: str, config: Any, state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module | None = None
 ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, float]]:
@@ -62,16 +74,11 @@ def split_lora_state_dict(
     rank is per expert (``A [r·E, in]``), as PEFT counts it.
     """
     check_lora_config(name, config)
+    check_lora_keys(name, state_dict)
     parts: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in state_dict.items():
         match = _KEY.match(key)
-        if match is None and key.endswith(".base_layer.weight"):
-            raise ConfigurationError(
-                f"adapter {name!r}: {key!r} is a base weight, which PEFT saves beside the adapter when an "
-                "embedding or lm_head is targeted; save with save_embedding_layers=False to keep the adapter alone"
-            )
-        if match is None:
-            raise ConfigurationError(f"adapter {name!r}: {key!r} is not a LoRA A/B weight of a linear layer")
+        assert match is not None  # checked above
         parts.setdefault(match["module"], {})[match["part"]] = tensor
     if not parts:
         raise ConfigurationError(f"adapter {name!r} has no LoRA weights")

@@ -36,7 +36,7 @@ from twinkle.model.multi_lora_adapters import as_peft_resolves
 from twinkle.model.parallel import Parallelism
 from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.model.training_model import TrainingModel
-from twinkle.module import ExpertLora, read_adapter_dir, write_adapter_dir
+from twinkle.module import ExpertLora, check_lora_keys, read_adapter_dir, write_adapter_dir
 from twinkle.patch import KernelsSpec, PatchSpec
 from twinkle.registry import register
 
@@ -177,7 +177,9 @@ class MegatronModel(TrainingModel):
     def load_adapter_weights(self, adapter_name: str, directory: Path) -> None:
         """A PEFT adapter's whole pairs, cut to this rank's parts; all are checked before any is copied."""
         own = self.model.lora.state_dict_of(adapter_name)
-        _copy_whole(self.model, self.parallel, own, read_adapter_dir(directory)[1], f"adapter {adapter_name!r}")
+        pairs = read_adapter_dir(directory)[1]
+        check_lora_keys(adapter_name, pairs)  # e.g. base weights PEFT saved beside the pairs, named
+        _copy_whole(self.model, self.parallel, own, pairs, f"adapter {adapter_name!r}")
 
 
 def _meta_model(config: Any) -> Any:
