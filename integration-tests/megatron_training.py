@@ -1,6 +1,6 @@
 """Under torchrun: MegatronModel trains in each of :data:`LAYOUTS` (TP, PP, DP; on MoE TP, EP, and EP with each).
 
-    torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp,pp,ep-moe,tenants,router-tp OUTPUT_DIR
+    torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp,pp,ep-moe,tenants,router-pp OUTPUT_DIR
     torchrun --nproc_per_node 4 integration-tests/megatron_training.py tp-ep-moe,pp-ep-moe OUTPUT_DIR
 
 Every weight, then a LoRA adapter (PEFT's "all-linear", which on the MoE builtin adapts the attention, the
@@ -9,7 +9,7 @@ trains for 5 steps in float64 (a checkpoint with the optimizer after step 2, the
 5); in the :data:`RESUMED` layouts a fresh model then resumes from the step-2 checkpoint for the last 3
 steps. Rank 0 prints ``RESULT`` and the JSON of each layout's and kind's losses, gradient norms and paths;
 the same runs in one process are :func:`run` with no mesh. :data:`TENANT_LAYOUTS`: :func:`train_tenants`;
-``router-tp``: :func:`train_router_loss` at ``tp_size=2``; ``refusals``: :func:`refusals`.
+:data:`ROUTER_LAYOUTS`: :func:`train_router_loss`.
 test_megatron_parallel.py runs both and compares.
 """
 
@@ -28,7 +28,6 @@ from resumed_training import steps, train_save_resume
 
 import twinkle
 from twinkle import DeviceMesh
-from twinkle.errors import ConfigurationError
 from twinkle.model import AdapterRequest
 from twinkle.model.megatron import MegatronModel, MultiLoraMegatronModel
 
@@ -63,6 +62,8 @@ KINDS = ("full", "lora")
 # Tenants' adapters in shared passes on the MoE builtin (MultiLoraMegatronModel): name -> (rank, target_modules).
 TENANTS = {"all": (4, ALL_LINEAR), "attention": (2, (*ATTENTION, "lm_head"))}
 ROUTER_LOSS = {"output_router_logits": True, "router_aux_loss_coef": 0.5}  # the router's load-balancing loss
+# Its layouts: each tensor-parallel rank computes it whole; each pipeline stage from every stage's routers.
+ROUTER_LAYOUTS = {"router-tp": ("tp",), "router-pp": ("pp",)}
 # The tenants' layouts: at tp_size=2, and with their expert pairs split with the experts (ep_size=2, dp_size=2).
 TENANT_LAYOUTS = {"tenants": ("tp",), "tenants-ep": ("ep", "dp")}
 
@@ -129,20 +130,6 @@ def train_router_loss(mesh: DeviceMesh | None) -> dict[str, Any]:
     return {"losses": losses, "norms": norms, "aux": model.calculate_metric()["loss/router_aux_loss"]}
 
 
-def refusals(world: int) -> dict[str, str]:
-    """The router's load-balancing loss over pipeline stages, refused: the message."""
-    from megatron.core import parallel_state
-
-    mesh = DeviceMesh.from_sizes(world_size=world, pp_size=world)
-    try:
-        MegatronModel(MOE_MODEL, device="cpu", device_mesh=mesh, **ROUTER_LOSS)
-    except ConfigurationError as error:
-        return {"pp": str(error)}
-    finally:
-        parallel_state.destroy_model_parallel()
-    return {}
-
-
 def main(layouts: list[str], output_dir: Path) -> None:
     """Each layout in turn, in these processes (megatron-core's groups are rebuilt between layouts)."""
     from megatron.core import parallel_state
@@ -151,11 +138,9 @@ def main(layouts: list[str], output_dir: Path) -> None:
     world = int(os.environ["WORLD_SIZE"])
     results = {}
     for layout in layouts:
-        if layout == "refusals":
-            results[layout] = refusals(world)
-            continue
-        if layout == "router-tp":
-            results[layout] = train_router_loss(DeviceMesh.from_sizes(world_size=world, tp_size=world))
+        if layout in ROUTER_LAYOUTS:
+            sizes = {f"{dim}_size": world for dim in ROUTER_LAYOUTS[layout]}
+            results[layout] = train_router_loss(DeviceMesh.from_sizes(world_size=world, **sizes))
             parallel_state.destroy_model_parallel()
             continue
         if layout in TENANT_LAYOUTS:

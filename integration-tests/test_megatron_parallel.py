@@ -14,8 +14,8 @@ step-2 checkpoint repeats steps 3-5, and the final checkpoints (shards gathered 
 transformers (+ PEFT for the adapter) with the one-process checkpoint's logits. Two tenants' adapters trained
 together in shared passes (``MultiLoraMegatronModel``, the MoE builtin) at ``tp_size=2``, and at ``ep_size=2``
 over ``dp_size=2`` (each token's adapter travelling with it to its expert's rank), get the losses and gradient
-norms they get in one process (where test_megatron_multi_lora.py shows each equals training alone). At
-``tp_size=2`` the router's load-balancing loss trains as in one process; over pipeline stages it is refused.
+norms they get in one process (where test_megatron_multi_lora.py shows each equals training alone). The
+router's load-balancing loss at ``tp_size=2`` and at ``pp_size=2`` trains as in one process.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from megatron_training import (
     MODEL,
     MOE_MODEL,
     RESUMED,
+    ROUTER_LAYOUTS,
     TENANT_LAYOUTS,
     label,
     make_model,
@@ -83,7 +84,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     output = tmp_path_factory.mktemp("megatron")
     # One launch per world size: megatron-core's import is most of a run's time.
     pairs = [layout for layout in LAYOUTS if world_of(layout) == 2]
-    results = _torchrun([*pairs, *TENANT_LAYOUTS, "router-tp", "refusals"], output)
+    results = _torchrun([*pairs, *TENANT_LAYOUTS, *ROUTER_LAYOUTS], output)
     results |= _torchrun([layout for layout in LAYOUTS if world_of(layout) == 4], output, processes=4)
     for layout in LAYOUTS:
         model_id, _, targets = LAYOUTS[layout]
@@ -161,16 +162,17 @@ def test_tenants_in_shared_passes_equal_one_process(runs, tenants_alone, layout)
         assert record["norms"] == pytest.approx(alone["norms"], **MOE_TOL)
 
 
-def test_the_routers_loss_at_tp_2_equals_one_process(runs):
-    """Each tensor-parallel rank computes the load-balancing loss whole; its gradient counts once."""
-    split, alone = runs["router-tp"], train_router_loss(None)
-    print(f"router loss at tp_size=2: {split}, one process {alone}")
+@pytest.fixture(scope="module")
+def router_loss_alone() -> dict[str, Any]:
+    return train_router_loss(None)
+
+
+@pytest.mark.parametrize("layout", list(ROUTER_LAYOUTS))
+def test_the_routers_loss_over_split_layers_equals_one_process(runs, router_loss_alone, layout):
+    """Each tensor-parallel rank computes the load-balancing loss whole, its gradient counted once; each pipeline
+    stage computes it from every stage's routers, and back-propagates its own."""
+    split, alone = runs[layout], router_loss_alone
+    print(f"router loss, {layout}: {split}, one process {alone}")
     assert split["aux"] == pytest.approx(alone["aux"], **MOE_TOL) and split["aux"] > 0.5
     assert split["losses"] == pytest.approx(alone["losses"], **MOE_TOL)
     assert split["norms"] == pytest.approx(alone["norms"], **MOE_TOL)
-
-
-def test_the_routers_loss_over_pipeline_stages_is_refused(runs):
-    assert runs["refusals"]["pp"].startswith(
-        "the router's load-balancing loss (output_router_logits) with pp_size > 1 is not built yet"
-    ), runs["refusals"]

@@ -30,7 +30,7 @@ from twinkle.model.megatron.collectives import copy_to_group, gather_last_dim
 from twinkle.model.megatron.conversion import check_supported, head_dim, is_moe, num_experts, to_transformers
 from twinkle.model.megatron.lora import FUSED, MegatronLora
 from twinkle.model.megatron.moe import MegatronMoE, RouterLogits
-from twinkle.model.megatron.pipeline import PipelineStage, hand_on, receive_hidden
+from twinkle.model.megatron.pipeline import PipelineStage, gather_over_stages, hand_on, receive_hidden
 from twinkle.module import RowRouting
 
 WEIGHTS_FILE = "model.safetensors"
@@ -105,6 +105,9 @@ class MegatronDecoder(nn.Module):
             if stage.size > 1:
                 hidden_SBH = hand_on(hidden_SBH, stage)
             router_logits = owner.router_logits.logits or []
+            if output_router_logits and stage.size > 1:  # every layer's, as one process has them
+                like = hidden_SBH.new_empty(rows * length, num_experts(owner.config))
+                router_logits = gather_over_stages(router_logits, like, stage)
         finally:
             owner.positions.position_ids_BS = None
             owner.router_logits.logits = None

@@ -76,11 +76,6 @@ class MegatronModel(TrainingModel):
         parallel = self.parallel
         assert isinstance(parallel, MegatronParallel)
         router = {key: options[key] for key in ROUTER if key in options}  # the load-balancing loss, as transformers'
-        if router.get("output_router_logits") and parallel.stage.size > 1:
-            raise ConfigurationError(
-                "the router's load-balancing loss (output_router_logits) with pp_size > 1 is not built yet: it "
-                "needs every layer's routing statistics together, and each stage sees its own layers'"
-            )
         config = AutoConfig.from_pretrained(self.model_path, **router)
         with torch.random.fork_rng(devices=[]):  # building the layers must not move the data's random stream
             model = MegatronCausalLM(

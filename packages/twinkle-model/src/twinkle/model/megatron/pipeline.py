@@ -11,7 +11,9 @@ our own autograd functions on torch.distributed point-to-point and broadcast, wh
   process would: the pass engine, losses and metrics run unchanged on every rank;
 - an earlier stage sends its output on and gets that broadcast; in backward it ignores the gradient of
   the broadcast copy (the last stage back-propagates the same one) and receives its output's gradient
-  from the next stage.
+  from the next stage;
+- what the loss needs from every stage's layers (the routers' logits, for the load-balancing loss) is
+  gathered onto every stage (:func:`gather_over_stages`); each stage back-propagates its own part.
 
 The word embeddings (and an untied output layer) are replicated on every stage; only the first
 stage's copies get gradients (the others use them detached), which are then summed over the pipeline
@@ -113,6 +115,30 @@ class _HandOn(torch.autograd.Function):
         received = torch.empty_like(hidden)
         dist.recv(received, src=ctx.after)
         return received, None, None, None
+
+
+def gather_over_stages(tensors: list[torch.Tensor], like: torch.Tensor, stage: PipelineStage) -> list[torch.Tensor]:
+    """Every stage's ``tensors`` (each shaped as ``like``; any number per stage), in stage order, on every stage
+    (a collective). Each stage computes the same from them, so a stage's own get the gradient it computes."""
+    counts = _gather_objects(len(tensors), stage)
+    stacked = torch.stack(tensors) if tensors else like.new_empty(0, *like.shape)
+    joined: torch.Tensor = _GatherStages.apply(stacked, counts, stage.index, stage.group)  # type: ignore[no-untyped-call]
+    return list(joined.unbind(0))
+
+
+class _GatherStages(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, stacked: torch.Tensor, counts: list[int], index: int, group: Any) -> torch.Tensor:
+        ctx.start, ctx.count = sum(counts[:index]), counts[index]
+        padded = stacked.new_zeros(max(counts), *stacked.shape[1:])  # all_gather takes equal shapes
+        padded[: len(stacked)] = stacked.detach()
+        parts = [torch.empty_like(padded) for _ in counts]
+        dist.all_gather(parts, padded, group=group)
+        return torch.cat([part[:count] for part, count in zip(parts, counts, strict=True)])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        return grad[ctx.start : ctx.start + ctx.count], None, None, None
 
 
 def _gather_objects(value: Any, stage: PipelineStage) -> list[Any]:
