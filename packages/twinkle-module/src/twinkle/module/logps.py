@@ -139,7 +139,8 @@ class _ChunkedTokenLogps(torch.autograd.Function):
                 grad_weight += (grad_logits_CV.T @ hidden_CH).to(dtype)
             for term, grad_u, grad_B in zip(terms, grad_factors[::2], grad_factors[1::2], strict=True):
                 local, first, last = _in_chunk(term, start, end)
-                grad_CV = grad_logits_CV if local is None else grad_logits_CV.index_select(0, local)
+                rows = _rows(local)
+                grad_CV = grad_logits_CV if rows is None else grad_logits_CV[rows]  # a view, unless scattered
                 if grad_u is not None:
                     grad_u[first:last] = (grad_CV @ term.B_VR).to(dtype)
                 if grad_B is not None:
@@ -175,6 +176,14 @@ def _in_chunk(term: LowRankTerm, start: int, end: int) -> tuple[torch.Tensor | N
     return term.positions_n[first:last] - start, first, last
 
 
+def _rows(local: torch.Tensor | None) -> slice | torch.Tensor | None:
+    """A term's rows of a chunk as a slice when they are consecutive (one tenant's rows: a view, not a copy of
+    ``[n, V]``), else the index tensor; ``None``: every row."""
+    if local is None or not len(local) or int(local[-1]) - int(local[0]) + 1 != len(local):
+        return local
+    return slice(int(local[0]), int(local[-1]) + 1)
+
+
 def _chunk_logits(
     hidden_NH: torch.Tensor, weight_VH: torch.Tensor, terms: Sequence[LowRankTerm], start: int, end: int
 ) -> torch.Tensor:
@@ -185,13 +194,13 @@ def _chunk_logits(
         # In place: the logits are this chunk's own (autograd does not track inside the Function), and a copy
         # of the whole chunk per term (one per tenant with an adapted output layer) would cost more than it.
         local, first, last = _in_chunk(term, start, end)
-        if local is None:
+        rows = _rows(local)
+        if rows is None:
             logits_CV.addmm_(term.u_nR[first:last], term.B_VR.T)
-        elif len(local) and int(local[-1]) - int(local[0]) + 1 == len(local):  # one tenant's rows: a slice
-            rows = slice(int(local[0]), int(local[-1]) + 1)
+        elif isinstance(rows, slice):
             logits_CV[rows].addmm_(term.u_nR[first:last], term.B_VR.T)
         else:
-            logits_CV.index_add_(0, local, term.u_nR[first:last] @ term.B_VR.T)
+            logits_CV.index_add_(0, rows, term.u_nR[first:last] @ term.B_VR.T)
     return logits_CV
 
 
