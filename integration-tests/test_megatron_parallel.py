@@ -20,6 +20,7 @@ router's load-balancing loss at ``tp_size=2`` and at ``pp_size=2`` trains as in 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -70,7 +71,7 @@ def _torchrun(layouts: list[str], output: Path, processes: int = 2) -> dict[str,
         env={**os.environ, **CPU_ONLY},
         capture_output=True,
         text=True,
-        timeout=TIMEOUT_S,
+        timeout=2 * TIMEOUT_S,  # many layouts in one launch, to import megatron-core once
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     line = next(line for line in completed.stdout.splitlines() if line.startswith("RESULT "))
@@ -118,25 +119,29 @@ def test_parallel_training_equals_one_process(runs, layout, kind):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("layout", [layout for layout in LAYOUTS if layout != "dp"])
 def test_model_parallel_checkpoints_load_in_plain_transformers(runs, layout, kind):
-    features = encoded_conversations(MODEL)
     moe = layout.endswith("-moe")
+    split = _plain_logits(runs[layout][kind]["final"], kind, moe)
+    alone = _plain_logits(runs[_alone(layout, kind)]["final"], kind, moe)
+    for split_TV, alone_TV in zip(split, alone, strict=True):
+        atol = 1e-5 if moe else 1e-8  # MoE: see MOE_TOL; ~1e-6 in logits after 5 steps
+        assert torch.allclose(split_TV, alone_TV, atol=atol, rtol=0), float((split_TV - alone_TV).abs().max())
+    assert not torch.allclose(split[0], _plain_logits(None, kind, moe)[0], atol=1e-3)  # the steps were saved
+
+
+@functools.cache
+def _plain_logits(checkpoint: str | None, kind: str, moe: bool) -> list[torch.Tensor]:
+    """Plain transformers' (+ PEFT's) logits of the conversations from a saved checkpoint (``None``: untrained);
+    one-process checkpoints serve several layouts, so each is loaded once."""
     plain = resolve_model(MOE_MODEL if moe else MODEL)
     options: dict[str, Any] = {"dtype": torch.float64, **({"experts_implementation": "eager"} if moe else {})}
-    logits = []
-    for checkpoint in (runs[layout][kind]["final"], runs[_alone(layout, kind)]["final"]):
-        if kind == "lora":
-            model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(plain, **options), checkpoint)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(checkpoint, **options)
-        with torch.no_grad():
-            logits.append([model.eval()(torch.tensor([f["input_ids"]])).logits[0] for f in features])
-    untrained = AutoModelForCausalLM.from_pretrained(plain, **options).eval()
+    if checkpoint is None:
+        model = AutoModelForCausalLM.from_pretrained(plain, **options)
+    elif kind == "lora":
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(plain, **options), checkpoint)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, **options)
     with torch.no_grad():
-        before = untrained(torch.tensor([features[0]["input_ids"]])).logits[0]
-    for split, alone in zip(*logits, strict=True):
-        atol = 1e-5 if moe else 1e-8  # MoE: see MOE_TOL; ~1e-6 in logits after 5 steps
-        assert torch.allclose(split, alone, atol=atol, rtol=0), float((split - alone).abs().max())
-    assert not torch.allclose(logits[0][0], before, atol=1e-3)  # the steps were saved
+        return [model.eval()(torch.tensor([f["input_ids"]])).logits[0] for f in encoded_conversations(MODEL)]
 
 
 @pytest.mark.parametrize("kind", ["full", "lora"])
