@@ -106,8 +106,7 @@ class MegatronDecoder(nn.Module):
                 hidden_SBH = hand_on(hidden_SBH, stage)
             router_logits = owner.router_logits.logits or []
             if output_router_logits and stage.size > 1:  # every layer's, as one process has them
-                like = hidden_SBH.new_empty(rows * length, num_experts(owner.config))
-                router_logits = gather_over_stages(router_logits, like, stage)
+                router_logits = gather_over_stages(router_logits, stage)
         finally:
             owner.positions.position_ids_BS = None
             owner.router_logits.logits = None

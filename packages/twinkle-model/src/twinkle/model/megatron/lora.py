@@ -70,6 +70,7 @@ class MegatronLora(nn.Module):
         self.num_experts = 0  # per MoE layer; 0 for a dense model
         self.expert_block = (0, 1)  # (this rank's block of every layer's experts, blocks): expert parallelism
         self.routing: RowRouting | None = None  # the current forward's rows of each adapter
+        self.row_tags: torch.Tensor | None = None  # and each row's adapter, as token_tags numbers it
 
     def add(
         self,
@@ -173,17 +174,13 @@ class MegatronLora(nn.Module):
         """Decoder layer ``layer``'s pairs on its experts and router, for its MoE modules (see .moe)."""
         return LayerExpertAdapters(self, layer)
 
-    def token_tags(self, tokens: int, device: torch.device) -> torch.Tensor | None:
+    def token_tags(self, tokens: int) -> torch.Tensor | None:
         """Each of the flattened ``[S·B]`` tokens' adapter, as its index among :attr:`adapters` (-1: none);
         ``None`` outside :meth:`routed`. Every rank holds the same adapters in the same order, so a tag means
         the same adapter on the rank an expert-parallel exchange sends the token to."""
-        if self.routing is None:
+        if self.row_tags is None:
             return None
-        names = list(self.adapters)
-        tags_B = torch.full((self.routing.batch_size,), -1, dtype=torch.long, device=device)
-        for name, rows in self.routing.groups:
-            tags_B[slice(None) if rows is None else rows] = names.index(name)
-        return tags_B.repeat(tokens // self.routing.batch_size)  # token s·B + b is one of row b
+        return self.row_tags.repeat(tokens // len(self.row_tags))  # token s·B + b is one of row b
 
     def expert_delta(
         self, layer: int, param: str, expert: int, x: torch.Tensor, tags: torch.Tensor
@@ -231,11 +228,15 @@ class MegatronLora(nn.Module):
         unknown = sorted({name for name in row_adapters if name is not None and name not in self.adapters})
         if unknown:
             raise InvalidInputError(f"unknown adapter(s) {unknown}; adapters: {sorted(self.adapters)}")
-        previous, self.routing = self.routing, RowRouting.of_rows(row_adapters, device)
+        names = list(self.adapters)
+        tags = [-1 if name is None else names.index(name) for name in row_adapters]
+        previous = self.routing, self.row_tags
+        self.routing = RowRouting.of_rows(row_adapters, device)
+        self.row_tags = torch.tensor(tags, dtype=torch.long, device=device)  # once per forward, for every MoE layer
         try:
             yield
         finally:
-            self.routing = previous
+            self.routing, self.row_tags = previous
 
     def hook(self, layer: int, fused: str) -> Any:
         """The forward hook of decoder layer ``layer``'s megatron linear ``fused``."""
@@ -340,8 +341,8 @@ class LayerExpertAdapters:
     lora: MegatronLora
     layer: int
 
-    def token_tags(self, tokens: int, device: torch.device) -> torch.Tensor | None:
-        return self.lora.token_tags(tokens, device)
+    def token_tags(self, tokens: int) -> torch.Tensor | None:
+        return self.lora.token_tags(tokens)
 
     def update(self, param: str, expert: int, x: torch.Tensor, tags: torch.Tensor) -> torch.Tensor | None:
         return self.lora.expert_delta(self.layer, param, expert, x, tags)

@@ -48,7 +48,7 @@ class FusedExperts(nn.Module):
             param.partition_dim, param.partition_stride = dim, stride  # type: ignore[attr-defined]
 
     def forward(self, x_NH: torch.Tensor, experts_NK: torch.Tensor, weights_NK: torch.Tensor) -> torch.Tensor:
-        tags_N = None if self.adapters is None else self.adapters.token_tags(x_NH.shape[0], x_NH.device)
+        tags_N = None if self.adapters is None else self.adapters.token_tags(x_NH.shape[0])
         out_NH = torch.zeros_like(x_NH)
         for expert in experts_NK.unique().tolist():
             tokens, slot = torch.where(experts_NK == expert)
@@ -86,7 +86,7 @@ class MegatronMoE(nn.Module):
         x_NH = copy_to_group(hidden_SBH.reshape(-1, shape[-1]), self.group, self.size)
         logits_NE = nn.functional.linear(x_NH, self.router)
         adapters = self.adapters
-        tags_N = None if adapters is None else adapters.token_tags(x_NH.shape[0], x_NH.device)
+        tags_N = None if adapters is None else adapters.token_tags(x_NH.shape[0])
         update = None if adapters is None or tags_N is None else adapters.update("router", 0, x_NH, tags_N)
         logits_NE = logits_NE if update is None else logits_NE + update
         if self.router_logits.logits is not None:

@@ -117,28 +117,25 @@ class _HandOn(torch.autograd.Function):
         return received, None, None, None
 
 
-def gather_over_stages(tensors: list[torch.Tensor], like: torch.Tensor, stage: PipelineStage) -> list[torch.Tensor]:
-    """Every stage's ``tensors`` (each shaped as ``like``; any number per stage), in stage order, on every stage
-    (a collective). Each stage computes the same from them, so a stage's own get the gradient it computes."""
-    counts = _gather_objects(len(tensors), stage)
-    stacked = torch.stack(tensors) if tensors else like.new_empty(0, *like.shape)
-    joined: torch.Tensor = _GatherStages.apply(stacked, counts, stage.index, stage.group)  # type: ignore[no-untyped-call]
+def gather_over_stages(tensors: list[torch.Tensor], stage: PipelineStage) -> list[torch.Tensor]:
+    """Every stage's ``tensors`` (as many per stage, each of one shape: a MoE model's layers are all MoE, and
+    the stages hold equally many), in stage order, on every stage (a collective). Each stage computes the same
+    from them, so a stage's own get the gradient it computes."""
+    joined: torch.Tensor = _GatherStages.apply(torch.stack(tensors), stage.index, stage.group)  # type: ignore[no-untyped-call]
     return list(joined.unbind(0))
 
 
 class _GatherStages(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, stacked: torch.Tensor, counts: list[int], index: int, group: Any) -> torch.Tensor:
-        ctx.start, ctx.count = sum(counts[:index]), counts[index]
-        padded = stacked.new_zeros(max(counts), *stacked.shape[1:])  # all_gather takes equal shapes
-        padded[: len(stacked)] = stacked.detach()
-        parts = [torch.empty_like(padded) for _ in counts]
-        dist.all_gather(parts, padded, group=group)
-        return torch.cat([part[:count] for part, count in zip(parts, counts, strict=True)])
+    def forward(ctx: Any, stacked: torch.Tensor, index: int, group: Any) -> torch.Tensor:
+        ctx.own = slice(index * len(stacked), (index + 1) * len(stacked))
+        parts = [torch.empty_like(stacked) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, stacked.detach().contiguous(), group=group)
+        return torch.cat(parts)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        return grad[ctx.start : ctx.start + ctx.count], None, None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return grad[ctx.own], None, None
 
 
 def _gather_objects(value: Any, stage: PipelineStage) -> list[Any]:

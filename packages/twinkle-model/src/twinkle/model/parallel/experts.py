@@ -76,7 +76,7 @@ class ExpertAdapters(Protocol):
     the sender's batch rows.
     """
 
-    def token_tags(self, tokens: int, device: torch.device) -> torch.Tensor | None:
+    def token_tags(self, tokens: int) -> torch.Tensor | None:
         """The tag of each of a forward's ``tokens`` flattened tokens (``None``: no adapter applies)."""
         ...
 
@@ -167,7 +167,7 @@ class ExpertShard(torch.nn.Module):
         if self.adapters is None:
             return None
         tokens, device = hidden_NH.shape[0], hidden_NH.device
-        tags_N = self.adapters.token_tags(tokens, device)
+        tags_N = self.adapters.token_tags(tokens)
         return torch.full((tokens,), -1, dtype=torch.long, device=device) if tags_N is None else tags_N
 
     def _experts(self, rows_RH: torch.Tensor, experts_R: torch.Tensor, tags_R: torch.Tensor | None) -> torch.Tensor:
