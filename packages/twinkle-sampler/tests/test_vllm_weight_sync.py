@@ -50,9 +50,9 @@ def test_lora_sync_from_tensors_follows_the_trainer(sampler, vllm_trainer, vllm_
     assert logprob_gap(before.sequences, stale) > 1e-3, "the training step changed the adapter"
     # the tensors went into the sampler's private directory: one per served adapter, old versions removed
     served = 1 + sampler.base_rows_through_zero_adapter
-    assert len(list(sampler._root.iterdir())) == served
+    assert len(list(sampler._files.root.iterdir())) == served
     sampler.remove_adapter("policy")
-    assert len(list(sampler._root.iterdir())) == served - 1
+    assert len(list(sampler._files.root.iterdir())) == served - 1
 
 
 def test_merged_sync_serves_the_adapted_policy_as_the_base_model(

@@ -9,7 +9,7 @@ trainer's ``forward_only`` log-probs to float32 rounding.
 
 Adapters reach vLLM as ``LoRARequest``s of PEFT directories: one given as
 tensors is written into the sampler's private temporary directory (removed
-with the adapter, and with the sampler). Every new version gets a fresh
+with the adapter, and with the sampler: :mod:`~twinkle.sampler.vllm_adapter_files`). Every new version gets a fresh
 request id, so nothing cached for an old version (weights, prefixes) is used again.
 
 **Base rows and adapters in one batch.** vLLM's CPU LoRA kernels index the
@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -46,12 +44,13 @@ from twinkle.data_format import InputFeature, SamplingParams, Trajectory
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.hub import resolve_model
 from twinkle.infra import DeviceMesh, get_runtime, remote_class
-from twinkle.module import read_adapter_dir, split_lora_state_dict, write_adapter_dir
+from twinkle.module import read_adapter_dir, split_lora_state_dict
 from twinkle.registry import register
 from twinkle.sampler.base import AdapterSpec, Sampler
 from twinkle.sampler.results import Generation, Prompt
 from twinkle.sampler.stopping import StopCriteria
 from twinkle.sampler.token_sampling import requested, topk_count
+from twinkle.sampler.vllm_adapter_files import AdapterFiles
 from twinkle.sampler.vllm_async import AsyncEngine, SampleChunk
 from twinkle.sampler.vllm_engine import (
     WORKER_EXTENSION,
@@ -120,8 +119,7 @@ class vLLMSampler(Sampler):
             self.llm.collective_rpc("twinkle_use_exact_logprobs")
         self._served: dict[str, Any] = {}
         self._last_id = 0
-        self._root = Path(tempfile.mkdtemp(prefix="twinkle-vllm-adapters-"))
-        weakref.finalize(self, shutil.rmtree, self._root, True)
+        self._files = AdapterFiles()
         self._zero: Any = None
         self.base_rows_through_zero_adapter = False
         if self._layers:
@@ -234,8 +232,7 @@ class vLLMSampler(Sampler):
         """A LoRARequest with a fresh id for the adapter, written into this sampler's private directory."""
         from vllm.lora.request import LoRARequest
 
-        directory = Path(tempfile.mkdtemp(dir=self._root))
-        write_adapter_dir(directory, config, state_dict)
+        directory = self._files.write(config, state_dict)
         self._last_id += 1
         return LoRARequest(f"{name}@{self._last_id}", self._last_id, str(directory))
 
@@ -248,9 +245,7 @@ class vLLMSampler(Sampler):
 
     def _unload(self, request: Any) -> None:
         self.llm.llm_engine.remove_lora(request.lora_int_id)
-        path = Path(request.lora_path)
-        if path.parent == self._root:  # written by this sampler, not the user's directory
-            shutil.rmtree(path, ignore_errors=True)
+        self._files.remove(request.lora_path)
 
     # ------------------------------------------------------------------ weights and engine state
 
@@ -294,8 +289,10 @@ class vLLMSampler(Sampler):
         self.llm.wake_up()
 
     def close(self) -> None:
-        """Stop an async engine's process and event loop now (else when the sampler is collected)."""
+        """Stop an async engine's process and event loop, and delete the adapters' files, now (else when the
+        sampler is collected)."""
         _shutdown(self.llm)
+        self._files.close()
 
     # ------------------------------------------------------------------ sampling
 
