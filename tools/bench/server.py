@@ -39,8 +39,10 @@ listen there only, and stops them at the end whatever happens):
     The requests per pass are read from each server's ``/metrics``. The
     **in-process limit** is the same work without a server: one
     ``forward_backward_many`` over the 8 tenants' batches plus their 8
-    optimizer steps, in this process; the batched server's throughput at 8
-    tenants is printed as a fraction of it (target: at least 0.95).
+    optimizer steps, in this process, measured right before and right after
+    each batched run at 8 tenants; that run's throughput is printed as a
+    fraction of the two measurements' mean (the median over the rounds;
+    target: at least 0.95).
 
 How it stays fair:
 
