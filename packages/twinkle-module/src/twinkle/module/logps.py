@@ -12,7 +12,8 @@ replaces this function in kernelized models). A chunk's logits become its
 softmax in place, so one ``chunk × V`` buffer is alive at a time. Callers pass
 only supervised positions, so prompt tokens cost nothing in the output layer. LoRA on the output layer
 enters as :class:`LowRankTerm` s added to the logits inside the same chunks,
-so an adapted ``lm_head`` keeps this path's speed and memory bound.
+so an adapted ``lm_head`` keeps this path's speed and memory bound. On a CPU
+the chunks' buffers are reused from pass to pass (:mod:`.chunk_buffers`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from typing import Any, NamedTuple
 import torch
 
 from twinkle.data_format import IGNORE_INDEX
+from twinkle.module.chunk_buffers import ChunkBuffers
 
 DEFAULT_MAX_SAVED_BYTES = 4 << 30
+CPU_BUFFERS = ChunkBuffers()  # the chunks' logits buffers that CPU passes reuse
 
 
 def logps_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -92,13 +95,15 @@ class _ChunkedTokenLogps(torch.autograd.Function):
         terms = _terms(positions, factors)
         for start in range(0, hidden_NH.shape[0], chunk_size):
             end = start + chunk_size
-            logits_CV = _chunk_logits(hidden_NH, weight_VH, terms, start, end).to(dtype)
+            logits_CV = _chunk_logits(hidden_NH, weight_VH, terms, start, end, dtype)
             labels_C = labels_N[start:end]
             correct_N[start:end] = logits_CV.argmax(-1) == labels_C
             label_logits_C = _label_logits(logits_CV, labels_C)  # before the logits become probabilities
             logps_N[start:end] = _picked_logps(label_logits_C, labels_C, _softmax_(logits_CV))
             if save_probs:
                 saved_probs.append(logits_CV)
+            else:
+                _release(logits_CV)
         ctx.save_for_backward(hidden_NH, weight_VH, labels_N, *factors)
         ctx.chunk_size, ctx.saved_probs, ctx.positions = chunk_size, saved_probs, positions
         ctx.mark_non_differentiable(correct_N)
@@ -124,7 +129,7 @@ class _ChunkedTokenLogps(torch.autograd.Function):
             if ctx.saved_probs:
                 probs_CV = ctx.saved_probs[index]
             else:
-                probs_CV = _chunk_logits(hidden_NH, weight_VH, terms, start, end).to(dtype)
+                probs_CV = _chunk_logits(hidden_NH, weight_VH, terms, start, end, dtype)
                 _softmax_(probs_CV)
             valid_C = labels_C != IGNORE_INDEX
             # d logp / d logits = onehot(label) - softmax(logits), scaled by the incoming gradient.
@@ -145,6 +150,7 @@ class _ChunkedTokenLogps(torch.autograd.Function):
                     grad_u[first:last] = (grad_CV @ term.B_VR).to(dtype)
                 if grad_B is not None:
                     grad_B += (grad_CV.T @ term.u_nR[first:last]).to(dtype)
+            _release(probs_CV)  # nothing computed from it refers to it
         ctx.saved_probs = []
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight_VH.dtype)
@@ -161,6 +167,12 @@ def _softmax_(logits_CV: torch.Tensor) -> torch.Tensor:
     sum_C1 = logits_CV.sub_(max_C1).exp_().sum(-1, keepdim=True)
     logits_CV.div_(sum_C1)
     return (max_C1 + sum_C1.log()).squeeze(-1)
+
+
+def _release(logits_CV: torch.Tensor) -> None:
+    """Hand a chunk's buffer back to :data:`CPU_BUFFERS` (a CPU one: on other devices their allocator reuses it)."""
+    if logits_CV.device.type == "cpu":
+        CPU_BUFFERS.give(logits_CV)
 
 
 def _terms(positions: tuple[torch.Tensor | None, ...], factors: Sequence[torch.Tensor]) -> list[LowRankTerm]:
@@ -185,11 +197,22 @@ def _rows(local: torch.Tensor | None) -> slice | torch.Tensor | None:
 
 
 def _chunk_logits(
-    hidden_NH: torch.Tensor, weight_VH: torch.Tensor, terms: Sequence[LowRankTerm], start: int, end: int
+    hidden_NH: torch.Tensor,
+    weight_VH: torch.Tensor,
+    terms: Sequence[LowRankTerm],
+    start: int,
+    end: int,
+    dtype: torch.dtype,
 ) -> torch.Tensor:
-    logits_CV = hidden_NH[start:end] @ weight_VH.T
+    """The chunk's logits in ``dtype``, in a buffer of its own (one of :data:`CPU_BUFFERS` where it can be)."""
+    hidden_CH = hidden_NH[start:end]
     promoted = [factor.dtype for term in terms for factor in (term.u_nR, term.B_VR)]
-    logits_CV = logits_CV.to(functools.reduce(torch.promote_types, promoted, logits_CV.dtype))  # as a + would
+    summed = functools.reduce(torch.promote_types, promoted, hidden_CH.dtype)  # the terms add as a + would
+    if hidden_CH.device.type == "cpu" and hidden_CH.dtype == weight_VH.dtype == summed == dtype:
+        buffer_CV = CPU_BUFFERS.take(hidden_CH.shape[0], weight_VH.shape[0], dtype)
+        logits_CV = torch.mm(hidden_CH, weight_VH.T, out=buffer_CV)
+    else:
+        logits_CV = (hidden_CH @ weight_VH.T).to(summed)
     for term in terms:
         # In place: the logits are this chunk's own (autograd does not track inside the Function), and a copy
         # of the whole chunk per term (one per tenant with an adapted output layer) would cost more than it.
@@ -201,7 +224,7 @@ def _chunk_logits(
             logits_CV[rows].addmm_(term.u_nR[first:last], term.B_VR.T)
         else:
             logits_CV.index_add_(0, rows, term.u_nR[first:last] @ term.B_VR.T)
-    return logits_CV
+    return logits_CV.to(dtype)
 
 
 def chunked_token_logps(
