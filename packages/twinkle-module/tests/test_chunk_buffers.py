@@ -53,3 +53,14 @@ def test_passes_alive_at_once_hold_their_own_buffers_and_a_finished_pass_lends_i
         for got, want in zip((hidden.grad, weight.grad), expected, strict=True):
             torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
     torch.testing.assert_close(third, _autograd(*cases[2]), atol=1e-12, rtol=0)
+
+
+def test_a_forward_without_backward_leaves_its_buffer_free():
+    CPU_BUFFERS.clear()
+    hidden, weight, labels = _case(0)
+    with torch.no_grad():
+        logps = chunked_token_logps(hidden, weight, labels).logps
+    assert CPU_BUFFERS.free_bytes == 12 * 40 * 8
+    torch.testing.assert_close(logps, _autograd(hidden, weight, labels).detach(), atol=1e-12, rtol=0)
+    chunked_token_logps(hidden.detach(), weight.detach(), labels)  # nothing requires a gradient
+    assert CPU_BUFFERS.free_bytes == 12 * 40 * 8

@@ -245,9 +245,11 @@ def chunked_token_logps(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     itemsize = torch.empty((), dtype=logps_dtype(weight_VH.dtype)).element_size()
-    save_probs = labels_N.numel() * weight_VH.shape[0] * itemsize <= max_saved_bytes
     positions = tuple(term.positions_n for term in low_rank)
     factors = [tensor for term in low_rank for tensor in (term.u_nR, term.B_VR)]
+    backward = torch.is_grad_enabled() and any(t.requires_grad for t in (hidden_NH, weight_VH, *factors))
+    # Without a backward to come, each chunk's buffer is free (for the next chunk or pass) as soon as it is used.
+    save_probs = backward and labels_N.numel() * weight_VH.shape[0] * itemsize <= max_saved_bytes
     logps_N, correct_N = _ChunkedTokenLogps.apply(  # type: ignore[no-untyped-call]  # torch leaves apply untyped
         hidden_NH, weight_VH, labels_N, chunk_size, save_probs, positions, *factors
     )
