@@ -50,9 +50,8 @@ class AdapterFiles:
         self._finalizer()
 
 
-def remove_orphans() -> list[Path]:
-    """Delete this user's adapter directories whose process is gone; returns them."""
-    removed = []
+def remove_orphans() -> None:
+    """Delete this user's adapter directories whose process is gone."""
     for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
         pid = path.name[len(PREFIX) :].split("-", 1)[0]
         try:
@@ -61,8 +60,6 @@ def remove_orphans() -> list[Path]:
             continue
         if pid.isdigit() and mine and not _alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
 
 
 def _alive(pid: int) -> bool:
