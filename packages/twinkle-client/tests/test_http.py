@@ -160,3 +160,11 @@ def test_unreadable_replies_are_server_errors(client, server):
     server.script("POST", "/runs/r1/call", {"neither": 1})
     with pytest.raises(ServerError, match="expected a result or a future_id"):
         client.call("r1", "zero_grad")
+
+
+def test_a_long_method_done_within_the_servers_wait_takes_one_request(client, server):
+    server.script("POST", "/runs/r1/call", {"result": {"loss": 0.5}})
+    assert client.call("r1", "forward_backward", inputs=[{"input_ids": [1, 2]}]) == {"loss": 0.5}
+    (post,) = server.requests("POST", "/runs/r1/call")
+    assert post.params == {"wait": "30"}
+    assert [seen for seen in server.seen if seen.method == "GET"] == []

@@ -202,3 +202,27 @@ def test_update_optimizer_changes_the_runs_hyperparameters_in_place(tmp_path):
         reply = client.post(f"{API}/runs/{run_id}/call", headers=headers, json=body)
     assert reply.status_code == 400
     assert "AdamW has no hyper-parameter 'momentum'" in reply.json()["error"]["message"]
+
+
+def test_a_long_call_done_within_its_wait_answers_its_result_and_a_failed_one_its_future(tmp_path):
+    """``POST .../call?wait=S`` spares the client the future's long-poll: the same result a poll would give."""
+    client, keys = _start(tmp_path, ("ann",))
+    headers = keys["ann"]
+    with client:
+        session = client.post(f"{API}/sessions", headers=headers, json={}).json()["session_id"]
+        body = {"session_id": session, "lora_config": TENANTS["ann"], "seed": 7}
+        run_id = client.post(f"{API}/runs", headers=headers, json=body).json()["run_id"]
+
+        def post(method, wait=None, **kwargs):
+            params = {} if wait is None else {"wait": wait}
+            body = {"method": method, "kwargs": kwargs}
+            return client.post(f"{API}/runs/{run_id}/call", headers=headers, params=params, json=body).json()
+
+        failed = post("clip_grad_and_step", wait=30)  # no optimizer yet: the call fails in the scheduler
+        state = client.get(f"{API}/futures/{failed['future_id']}", headers=headers).json()
+        assert (state["status"], state["error"]["type"]) == ("failed", "ConfigurationError")
+        inline = post("forward_backward", wait=30, inputs=_features(0, 2))["result"]
+        polled = _wait(client, headers, post("forward_backward", inputs=_features(0, 2))["future_id"])  # no wait
+        assert "future_id" in post("forward_backward", wait="nan", inputs=_features(0, 2))  # NaN waits for nothing
+    assert inline["loss"] == pytest.approx(polled["loss"], abs=1e-6)  # no step between: the same weights
+    assert inline.keys() == polled.keys()

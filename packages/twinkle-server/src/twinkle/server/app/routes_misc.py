@@ -39,7 +39,6 @@ from twinkle.server.services.futures import api_of
 
 router = APIRouter(route_class=NativeRoute)
 api = APIRouter(prefix="/twinkle/v1", route_class=NativeRoute)
-MAX_WAIT_S = 60.0
 VERSION = "0.1.0"
 LOOPBACK = "127.0.0.1"
 
@@ -105,9 +104,7 @@ async def close_session(session_id: str, request: Request) -> Response:
 @api.get("/futures/{future_id}", response_model=FutureReply)
 async def get_future(future_id: str, request: Request, wait: float = 0.0) -> Response:
     """``wait``: seconds to long-poll (at most 60) for the future to finish."""
-    user = caller(request)
-    timeout = min(max(wait, 0.0), MAX_WAIT_S)
-    future = await server(request).futures.wait(user, future_id, timeout)
+    future = await server(request).futures.wait(caller(request), future_id, wait)
     api = api_of(future.method)
     if api is not None:
         raise InvalidInputError(

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
+from twinkle import wire
 from twinkle.errors import ConfigurationError, ResourceNotFoundError
 from twinkle.server.app import calls
 from twinkle.server.app.http import caller, reply
@@ -89,8 +90,12 @@ async def resume_run(run_id: str, request: Request, body: Annotated[ResumeRun, r
 
 
 @router.post("/runs/{run_id}/call", response_model=CallReply)
-async def call(run_id: str, request: Request, body: Annotated[CallRequest, request_body(CallRequest)]) -> Response:
-    """Short methods answer ``{"result"}``; long ones (forward, backward, step, save, ...) ``{"future_id"}``."""
+async def call(
+    run_id: str, request: Request, body: Annotated[CallRequest, request_body(CallRequest)], wait: float = 0.0
+) -> Response:
+    """Short methods answer ``{"result"}``; long ones (forward, backward, step, save, ...) ``{"future_id"}``, or
+    ``{"result"}`` when they are done within ``wait`` seconds (at most 60): a client that would long-poll the
+    future next is spared that request. A call that fails answers its ``future_id``, whose poll reports the error."""
     user, state = caller(request), server(request)
     run = owned_run(state, user, run_id)
     if not run.resident:
@@ -100,6 +105,10 @@ async def call(run_id: str, request: Request, body: Annotated[CallRequest, reque
         result = await run_in_threadpool(calls.run_short_call, state, user, run_id, method, kwargs)
         return reply(request, {"result": result})
     future_id = calls.submit_long_call(state, user, run_id, method, kwargs, body.idempotency_key)
+    if wait > 0:
+        future = await state.futures.wait(user, future_id, wait)
+        if future.status == "done" and future.result is not None:
+            return reply(request, {"result": wire.decode(future.result)})
     return reply(request, {"future_id": future_id})
 
 

@@ -21,6 +21,8 @@ from twinkle.server.errors import error_response
 from twinkle.server.store import Store
 from twinkle.server.store.base import Future
 
+MAX_WAIT_S = 60.0  # the longest a request may wait for a future: proxies drop idle connections after a minute or so
+
 
 def api_method(api: str, method: str) -> str:
     """The method name a future of another API than the native one is stored under (``"tinker.forward"``)."""
@@ -65,7 +67,9 @@ class Futures:
         self._wake(future_id)
 
     async def wait(self, user: str, future_id: str, timeout: float) -> Future:
-        """The future once finished, or still pending after ``timeout`` seconds (waiting holds no thread)."""
+        """The future once finished, or still pending after ``timeout`` seconds (0 to :data:`MAX_WAIT_S`; waiting
+        holds no thread)."""
+        timeout = min(timeout, MAX_WAIT_S) if timeout > 0 else 0.0  # NaN too
         future = self._get(user, future_id)
         if future.status not in ("pending", "running"):
             return future
