@@ -56,17 +56,15 @@ def _call(client, headers, run_id, method, **kwargs):
     return _wait(client, headers, body["future_id"]) if "future_id" in body else body["result"]
 
 
-def _ann_run(client, headers):
-    """A run of ann's adapter in a new session."""
+def _new_run(client, headers, user="ann"):
+    """A run of ``user``'s adapter (:data:`TENANTS`) in a new session."""
     session = client.post(f"{API}/sessions", headers=headers, json={}).json()["session_id"]
-    body = {"session_id": session, "lora_config": TENANTS["ann"], "seed": 7}
+    body = {"session_id": session, "lora_config": TENANTS[user], "seed": 7}
     return client.post(f"{API}/runs", headers=headers, json=body).json()["run_id"]
 
 
 def _train_remotely(client, headers, user, losses):
-    session = client.post(f"{API}/sessions", headers=headers, json={}).json()["session_id"]
-    body = {"session_id": session, "lora_config": TENANTS[user], "seed": 7}
-    run_id = client.post(f"{API}/runs", headers=headers, json=body).json()["run_id"]
+    run_id = _new_run(client, headers, user)
     _call(client, headers, run_id, "set_optimizer", optimizer_cls="AdamW", lr=1e-2)
     for step in range(STEPS):
         output = _call(client, headers, run_id, "forward_backward", inputs=_features(step, 3 if user == "ann" else 2))
@@ -186,7 +184,7 @@ def test_a_call_spelling_out_the_default_micro_batch_size_still_joins_shared_pas
     client, keys = _start(tmp_path, ("ann",))
     headers = keys["ann"]
     with client:
-        run_id = _ann_run(client, headers)
+        run_id = _new_run(client, headers)
         _call(client, headers, run_id, "forward_backward", inputs=_features(0, 2), micro_batch_size=None)
         passes = client.app.state.server.telemetry.pass_requests.collect()[0].samples
     assert any(sample.name.endswith("_count") and sample.value == 1 for sample in passes)
@@ -196,7 +194,7 @@ def test_update_optimizer_changes_the_runs_hyperparameters_in_place(tmp_path):
     client, keys = _start(tmp_path, ("ann",))
     headers = keys["ann"]
     with client:
-        run_id = _ann_run(client, headers)
+        run_id = _new_run(client, headers)
         _call(client, headers, run_id, "set_optimizer", optimizer_cls="AdamW", lr=1e-2)
         assert _call(client, headers, run_id, "update_optimizer", lr=0.25) is None
         _call(client, headers, run_id, "forward_backward", inputs=_features(0, 2))
@@ -212,7 +210,7 @@ def test_a_long_call_done_within_its_wait_answers_its_result_and_a_failed_one_it
     client, keys = _start(tmp_path, ("ann",))
     headers = keys["ann"]
     with client:
-        run_id = _ann_run(client, headers)
+        run_id = _new_run(client, headers)
 
         def post(method, wait=None, **kwargs):
             params = {} if wait is None else {"wait": wait}
