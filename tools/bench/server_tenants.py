@@ -226,8 +226,12 @@ def many_tenants(servers: dict[str, Server], args: argparse.Namespace, stack: co
     largest = max(args.tenants)
     limits = {kind: InProcessLimit(kind, largest, args) for kind in KINDS}
     fractions: dict[str, list[float]] = {kind: [] for kind in KINDS}  # batched / limit, per round
-    for round_index in range(args.rounds):
-        for key_index, (kind, n) in enumerate(keys):
+    # Each kind's rounds run one after another. After the pause between two measurements, a batched server
+    # expects back the runs that last shared a pass with the runs back (``expected_runs``): a measurement
+    # right after other tenants trained with these waits ``cycle_wait_s`` once for them, which is a cost of
+    # switching tenants (paid in each kind's first round here), not of serving them.
+    for key_index, (kind, n) in enumerate(keys):
+        for round_index in range(args.rounds):
             order = SERVERS if (round_index + key_index) % 2 == 0 else SERVERS[::-1]
             for name in order:
                 bracketed = n == largest and name == "batched"  # the limit right before and right after

@@ -220,6 +220,45 @@ def test_a_tenant_absent_from_the_remembered_passes_is_not_waited_for_after_a_pa
     assert waits[2] >= 0.5 and max(waits[3:]) < 0.45, waits  # waits[:2]: the first pass, a and b
 
 
+def test_after_a_pause_tenants_back_wait_for_their_partners_only():
+    """a and b trained together, then c and d; after a pause a and b are back: their passes wait for neither
+    c nor d (they trained apart); after another pause c, back alone, waits for d."""
+    recorder, waits = Recorder(), {}
+
+    def observe(event: str, job: Job, seconds: float) -> None:
+        if event == "start" and job.shared is not None:
+            waits[f"{job.shared.run}:{job.shared.step}"] = seconds
+
+    scheduler, gate = _blocked_scheduler(
+        recorder.run_shared, max_tokens_per_pass=100, cycle_wait_s=1.0, observe=observe
+    )
+    for run in "abcd":
+        scheduler.submit(_shared(run, 0, tokens=40))  # the token budget takes two per pass
+    gate.set()
+    for run in "abcd":
+        scheduler.call(run, lambda: None, timeout=30)
+    time.sleep(PAUSE_S + 0.2)
+    for step in (1, 2):  # and they go on training together, waiting for no one
+        done = threading.Event()
+        scheduler.submit(_shared("a", step))
+        scheduler.submit(_shared("b", step, on_done=lambda result, error, done=done: done.set()))
+        assert done.wait(30)
+    time.sleep(PAUSE_S + 0.2)
+    trained = threading.Event()
+    scheduler.submit(_shared("c", 1, on_done=lambda result, error: trained.set()))
+    threading.Timer(0.3, lambda: scheduler.submit(_shared("d", 1))).start()
+    assert trained.wait(30)
+    _drain(scheduler, "abcd")
+    assert [sorted(shared_pass) for shared_pass in recorder.passes] == [
+        ["a:0", "b:0"],
+        ["c:0", "d:0"],
+        ["a:1", "b:1"],
+        ["a:2", "b:2"],
+        ["c:1", "d:1"],
+    ]
+    assert max(waits["a:1"], waits["a:2"]) < 0.5 and 0.3 <= waits["c:1"] < 0.9, waits
+
+
 def test_a_pass_waits_for_one_step_of_a_tenant_not_for_what_it_does_after():
     """b trained in the last pass, then queued two other calls: the pass waits for b's step, not its next call."""
     events: list[str] = []
