@@ -190,6 +190,29 @@ def test_a_call_spelling_out_the_default_micro_batch_size_still_joins_shared_pas
     assert any(sample.name.endswith("_count") and sample.value == 1 for sample in passes)
 
 
+def test_forward_only_joins_shared_passes_unless_it_asks_for_full_logits(tmp_path):
+    """A tenant's log-prob reads share passes as its training does; ``return_logits`` (large, for checks) runs
+    alone. Both read the same log-probs."""
+    client, keys = _start(tmp_path, ("ann",))
+    headers = keys["ann"]
+    with client:
+        run_id = _new_run(client, headers)
+        telemetry = client.app.state.server.telemetry
+
+        def passes() -> float:
+            samples = telemetry.pass_requests.collect()[0].samples
+            return sum(sample.value for sample in samples if sample.name.endswith("_count"))
+
+        shared = _call(client, headers, run_id, "forward_only", inputs=_features(0, 2), return_logits=False)
+        assert passes() == 1
+        alone = _call(client, headers, run_id, "forward_only", inputs=_features(0, 2), return_logits=True)
+        assert passes() == 1
+    assert len(shared["logps"]) == len(alone["logps"]) == 2
+    for read, reference in zip(shared["logps"], alone["logps"], strict=True):
+        assert read == pytest.approx(reference, abs=1e-6)  # fp32: one collation against another
+    assert shared["loss"] == pytest.approx(alone["loss"], abs=1e-6)
+
+
 def test_update_optimizer_changes_the_runs_hyperparameters_in_place(tmp_path):
     client, keys = _start(tmp_path, ("ann",))
     headers = keys["ann"]

@@ -76,9 +76,11 @@ class SharedPasses(TrainingModel):
         """One forward and backward over several adapters' requests, each with its own loss.
 
         Each request is an :class:`AdapterRequest` (features and the adapter's
-        registered loss, as ``forward_backward`` takes them) or a
-        :class:`TargetsRequest` (explicit targets and a loss function, as
-        ``forward_backward_targets`` takes them), or a dict of either's fields.
+        registered loss, as ``forward_backward`` takes them; without
+        ``backward``, as ``forward_only`` does) or a :class:`TargetsRequest`
+        (explicit targets and a loss function, as ``forward_backward_targets``
+        takes them), or a dict of either's fields. Requests without a backward
+        share a pass of their own, in eval mode.
         Returns one :class:`AdapterResult` per request, in order: the output the
         single-adapter call would return, or the error that stopped it. A
         failing request (bad input, an exception in its loss, a non-finite
@@ -121,7 +123,7 @@ class SharedPasses(TrainingModel):
                 state, result, request.sequences, request.loss_fn, request.backward, limits, self.parallel
             )
         features = self._batches.features(state, request.inputs)
-        return LossPlan(state, result, features, request.loss_inputs, self.parallel, True, micro_batch_size)
+        return LossPlan(state, result, features, request.loss_inputs, self.parallel, request.backward, micro_batch_size)
 
 
 def _adapter_name(request: Any) -> str | None:

@@ -28,11 +28,16 @@ _INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int6
 
 @dataclass
 class AdapterRequest:
-    """One adapter's ``forward_backward`` in a shared pass: its inputs and the keyword inputs of its loss."""
+    """One adapter's ``forward_backward`` in a shared pass: its inputs and the keyword inputs of its loss.
+
+    Without ``backward`` it is the adapter's ``forward_only``: log-probs (and the loss when it can be computed)
+    in eval mode under no_grad, its gradients untouched.
+    """
 
     adapter_name: str
     inputs: Any
     loss_inputs: dict[str, Any] = field(default_factory=dict)
+    backward: bool = True
 
 
 @dataclass

@@ -24,7 +24,6 @@ from twinkle.server.services import submissions
 from twinkle.server.services.checkpoints import CheckpointHold
 from twinkle.server.services.convert import to_wire
 from twinkle.server.services.engine import PoolTask
-from twinkle.server.services.scheduler import SHARED_METHOD
 from twinkle.server.services.submissions import Submission
 from twinkle.server.store import Checkpoint
 
@@ -62,12 +61,7 @@ def _submit(
     tokens = count_tokens(kwargs.get("inputs"))
     state.quotas.check_tokens(user, tokens)  # before the future exists: a refused call must leave none behind
     check_inputs_images(state, user, kwargs.get("inputs"))  # a bad image must not fail a shared pass
-    shared = None
-    # micro_batch_size=None (the default, which the client spells out) must not keep a call out of a pass
-    shareable = not state.engine.is_private(run_id) and kwargs.get("micro_batch_size") is None and "inputs" in kwargs
-    if method == SHARED_METHOD and shareable:
-        loss_inputs = {key: value for key, value in kwargs.items() if key not in ("inputs", "micro_batch_size")}
-        shared = AdapterRequest(run_id, kwargs["inputs"], loss_inputs)
+    shared = None if state.engine.is_private(run_id) else shared_request(run_id, method, kwargs)
     call = Submission(
         user,
         method,
@@ -81,6 +75,21 @@ def _submit(
         tokens=tokens,
     )
     return submissions.submit(state.futures, state.engine, call, settled=None if hold is None else hold.release)
+
+
+def shared_request(run_id: str, method: str, kwargs: Mapping[str, Any]) -> AdapterRequest | None:
+    """The request with which a ``forward_backward`` or ``forward_only`` call joins other runs' shared passes;
+    None for a call that runs alone (another method, its own micro-batches, or full logits asked for)."""
+    # micro_batch_size=None and return_logits=False (the defaults, which the client spells out) keep nothing out
+    if "inputs" not in kwargs or kwargs.get("micro_batch_size") is not None or kwargs.get("return_logits"):
+        return None
+    own = ("inputs", "micro_batch_size", "return_logits")
+    loss_inputs = {key: value for key, value in kwargs.items() if key not in own}
+    if method == "forward_backward":
+        return AdapterRequest(run_id, kwargs["inputs"], loss_inputs)
+    if method == "forward_only":
+        return AdapterRequest(run_id, kwargs["inputs"], loss_inputs, backward=False)
+    return None
 
 
 def check_inputs_images(state: ServerState, user: str, inputs: Any, where: str = "inputs") -> None:

@@ -4,7 +4,7 @@ Each run has a FIFO queue, so a tenant's calls run in the order sent. The
 worker runs in cycles, as Tinker's own service does:
 
 1. **Pass.** The runs whose queue head is a shareable training call (a
-   :class:`Job` with ``shared`` set, e.g. ``forward_backward``) train in one
+   :class:`Job` with ``shared`` set: ``forward_backward``, ``forward_only``) train in one
    shared pass (``run_shared``), up to a token budget (``max_tokens_per_pass``;
    0 never batches: each pass takes one request). A run contributes at most one
    request per pass, so a tenant sending big batches cannot crowd out one
@@ -34,8 +34,6 @@ from twinkle.server.services.expected_runs import PAUSE_S, ExpectedRuns
 from twinkle.utils import get_logger
 
 logger = get_logger(__name__)
-
-SHARED_METHOD = "forward_backward"
 
 
 @dataclass
