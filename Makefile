@@ -53,8 +53,8 @@ GLIBC_TUNABLES ?= glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_thres
 # (integration tests first, see conftest.py). The integration tests can share the machine: each starts its
 # servers on free 127.0.0.1 ports and its own private Ray.
 test: install
-	GLIBC_TUNABLES=$(GLIBC_TUNABLES) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 \
-		packages kernels integration-tests $(PYTEST_ARGS)
+	GLIBC_TUNABLES=$(GLIBC_TUNABLES) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--durations=30 packages kernels integration-tests $(PYTEST_ARGS)
 
 # The vLLM sampler's tests (marker `vllm`) against the real engine on CPU, the server's with `sampler: vllm`
 # and vLLMSampler as a Ray actor (its private Ray inherits VLLM_ENABLE_V1_MULTIPROCESSING) among them, in

@@ -3,8 +3,8 @@
 Each run has a FIFO queue, so a tenant's calls run in the order sent. The
 worker runs in cycles, as Tinker's own service does:
 
-1. **Pass.** The runs whose queue head is a shareable training call (a
-   :class:`Job` with ``shared`` set: ``forward_backward``, ``forward_only``) train in one
+1. **Pass.** The runs whose queue head is a shareable call (a :class:`Job`
+   with ``shared`` set: ``forward_backward``, ``forward_only``) run in one
    shared pass (``run_shared``), up to a token budget (``max_tokens_per_pass``;
    0 never batches: each pass takes one request). A run contributes at most one
    request per pass, so a tenant sending big batches cannot crowd out one
