@@ -9,7 +9,8 @@ trains for 5 steps in float64 (a checkpoint with the optimizer after step 2, the
 5); in the :data:`RESUMED` layouts a fresh model then resumes from the step-2 checkpoint for the last 3
 steps. Rank 0 prints ``RESULT`` and the JSON of each layout's and kind's losses, gradient norms and paths;
 the same runs in one process are :func:`run` with no mesh. :data:`TENANT_LAYOUTS`: :func:`train_tenants`;
-:data:`ROUTER_LAYOUTS`: :func:`train_router_loss`.
+:data:`ROUTER_LAYOUTS`: :func:`train_router_loss`; both recompute every decoder layer in backward
+(``gradient_checkpointing``) here and keep their activations in the one-process runs they are compared with.
 test_megatron_parallel.py runs both and compares.
 """
 
@@ -100,10 +101,12 @@ def run(
     return train_save_resume(lambda: make_model(mesh, lora, model_id, targets), batch, output_dir, 3, resume)
 
 
-def train_tenants(mesh: DeviceMesh | None) -> dict[str, dict[str, list[float]]]:
+def train_tenants(mesh: DeviceMesh | None, recompute: bool = False) -> dict[str, dict[str, list[float]]]:
     """:data:`TENANTS` for 3 steps in shared ``forward_backward_many`` passes, each on its own half of the data:
-    each one's losses and gradient norms."""
-    model = MultiLoraMegatronModel(MOE_MODEL, device="cpu", dtype=torch.float64, device_mesh=mesh, max_rank=4)
+    each one's losses and gradient norms (``recompute``: with activation checkpointing)."""
+    model = MultiLoraMegatronModel(
+        MOE_MODEL, device="cpu", dtype=torch.float64, device_mesh=mesh, max_rank=4, gradient_checkpointing=recompute
+    )
     features = encoded_conversations(MOE_MODEL)
     record: dict[str, dict[str, list[float]]] = {}
     for seed, (name, (rank, targets)) in enumerate(TENANTS.items()):
@@ -121,10 +124,13 @@ def train_tenants(mesh: DeviceMesh | None) -> dict[str, dict[str, list[float]]]:
     return record
 
 
-def train_router_loss(mesh: DeviceMesh | None) -> dict[str, Any]:
+def train_router_loss(mesh: DeviceMesh | None, recompute: bool = False) -> dict[str, Any]:
     """Every weight of the MoE builtin with the router's load-balancing loss, 3 steps: losses, gradient norms and
-    the mean aux loss (a large coefficient, so a miscounted aux gradient shows at once)."""
-    model = MegatronModel(MOE_MODEL, device="cpu", dtype=torch.float64, device_mesh=mesh, **ROUTER_LOSS)
+    the mean aux loss (a large coefficient, so a miscounted aux gradient shows at once); ``recompute``: with
+    activation checkpointing."""
+    model = MegatronModel(
+        MOE_MODEL, device="cpu", dtype=torch.float64, device_mesh=mesh, gradient_checkpointing=recompute, **ROUTER_LOSS
+    )
     model.set_optimizer("AdamW", lr=1e-3)
     losses, norms = steps(model, encoded_conversations(MOE_MODEL), 3)  # tensor-parallel ranks share the batch
     return {"losses": losses, "norms": norms, "aux": model.calculate_metric()["loss/router_aux_loss"]}
@@ -140,12 +146,12 @@ def main(layouts: list[str], output_dir: Path) -> None:
     for layout in layouts:
         if layout in ROUTER_LAYOUTS:
             sizes = {f"{dim}_size": world for dim in ROUTER_LAYOUTS[layout]}
-            results[layout] = train_router_loss(DeviceMesh.from_sizes(world_size=world, **sizes))
+            results[layout] = train_router_loss(DeviceMesh.from_sizes(world_size=world, **sizes), recompute=True)
             parallel_state.destroy_model_parallel()
             continue
         if layout in TENANT_LAYOUTS:
             sizes = {f"{dim}_size": world for dim in TENANT_LAYOUTS[layout]}
-            results[layout] = train_tenants(DeviceMesh.from_sizes(world_size=world, **sizes))
+            results[layout] = train_tenants(DeviceMesh.from_sizes(world_size=world, **sizes), recompute=True)
             parallel_state.destroy_model_parallel()
             continue
         model_id, sizes, targets = LAYOUTS[layout]

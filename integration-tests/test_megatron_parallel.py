@@ -15,7 +15,10 @@ transformers (+ PEFT for the adapter) with the one-process checkpoint's logits. 
 together in shared passes (``MultiLoraMegatronModel``, the MoE builtin) at ``tp_size=2``, and at ``ep_size=2``
 over ``dp_size=2`` (each token's adapter travelling with it to its expert's rank), get the losses and gradient
 norms they get in one process (where test_megatron_multi_lora.py shows each equals training alone). The
-router's load-balancing loss at ``tp_size=2`` and at ``pp_size=2`` trains as in one process.
+router's load-balancing loss at ``tp_size=2`` and at ``pp_size=2`` trains as in one process. The tenants' and
+the router loss's parallel runs recompute every decoder layer in backward (``gradient_checkpointing``), so
+recomputation is shown to repeat each layer's collectives (tensor parallelism, the experts' all-to-all, the
+stages' router logits) as its forward ran them; their one-process references keep their activations.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ The tensor-parallel and data-parallel runs are in integration-tests/test_megatro
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -187,5 +188,43 @@ def test_what_the_back_end_cannot_do_yet_is_refused(model, tmp_path: Path):
         list(model.merged_weights("head"))  # merged, it would change the embeddings too
     with pytest.raises(ConfigurationError, match="converts qwen3, qwen3_moe models; 'llama' is not one"):
         megatron.MegatronModel("builtin://llama-tiny", device="cpu")
-    with pytest.raises(ConfigurationError, match=r"does not take \['gradient_checkpointing'\]"):
-        megatron.MegatronModel(MODEL, device="cpu", dtype=DTYPE, gradient_checkpointing=True)
+    with pytest.raises(ConfigurationError, match=r"does not take \['kernels'\]"):
+        megatron.MegatronModel(MODEL, device="cpu", dtype=DTYPE, kernels=True)
+
+
+@pytest.mark.parametrize(
+    ("model_id", "policy", "lora"),
+    [(MODEL, True, True), (MODEL, 2, False), (MOE_MODEL, True, False)],
+    ids=["dense-lora-every-layer", "dense-every-2nd", "moe-router-loss"],
+)
+def test_activation_checkpointing_recomputes_layers_with_the_same_gradients(model_id, policy, lora, sft_features):
+    """``gradient_checkpointing``: the chosen layers run again in backward (their attention is called twice),
+    and the loss and every gradient are the ones without it. Rows are packed (``padding_free``), so a layer
+    recomputed without its forward's position ids (which restart in each packed sequence) would differ."""
+    router = {"output_router_logits": True, "router_aux_loss_coef": 0.5} if model_id == MOE_MODEL else {}
+    runs = []
+    for checkpointing in (False, policy):
+        model = megatron.MegatronModel(
+            model_id, device="cpu", dtype=DTYPE, gradient_checkpointing=checkpointing, **router
+        )
+        if lora:
+            model.add_adapter_to_model("default", {"r": 4, "target_modules": "all-linear"}, seed=0)
+        model.set_processor("InputProcessor", padding_free=True)
+        calls: list[str] = []
+        for layer in model.model.gpt.decoder.layers:
+            layer.self_attention.core_attention.register_forward_hook(partial(_count_call, calls))
+        loss = model.forward_backward(sft_features[:4]).loss
+        grads = {name: p.grad for name, p in model.model.named_parameters() if p.grad is not None}
+        runs.append((loss, grads, len(calls)))
+    (loss, grads, plain_calls), (recomputed_loss, recomputed_grads, recomputed_calls) = runs
+    layers = model.model.config.num_hidden_layers
+    assert plain_calls == layers
+    assert recomputed_calls == layers + len(range(0, layers, 1 if policy is True else policy))
+    assert recomputed_loss == pytest.approx(loss, abs=1e-12)
+    assert grads.keys() == recomputed_grads.keys() and grads
+    for name, grad in grads.items():  # the same float64 operations in the same order
+        torch.testing.assert_close(recomputed_grads[name], grad, atol=1e-12, rtol=0, msg=name)
+
+
+def _count_call(calls: list[str], module: Any, *_: Any) -> None:
+    calls.append(type(module).__name__)

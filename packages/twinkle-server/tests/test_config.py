@@ -199,7 +199,7 @@ def test_model_options_reach_the_models_the_server_builds(tmp_path):
 
 
 def test_backend_megatron_is_checked_with_the_options_it_cannot_take_yet(tmp_path):
-    assert check_config(_write(tmp_path, "backend: megatron\n")) == []
+    assert check_config(_write(tmp_path, "backend: megatron\ngradient_checkpointing: true\n")) == []
     problems = check_config(_write(tmp_path, "backend: megatron\nkernels: true\nrecord_routing: true\n", "b.yaml"))
     assert problems == [
         "kernels: not available with backend: megatron yet (use backend: transformers)",

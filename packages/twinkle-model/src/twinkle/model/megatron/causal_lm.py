@@ -25,12 +25,14 @@ from megatron.core.transformer import ModuleSpec, TransformerConfig
 from safetensors.torch import save_file
 from torch import nn
 
+from twinkle.errors import ConfigurationError
 from twinkle.model.megatron.attention import RotaryAttention, RowPositions
 from twinkle.model.megatron.collectives import copy_to_group, gather_last_dim
 from twinkle.model.megatron.conversion import check_supported, head_dim, is_moe, num_experts, to_transformers
 from twinkle.model.megatron.lora import FUSED, MegatronLora
 from twinkle.model.megatron.moe import MegatronMoE, RouterLogits
 from twinkle.model.megatron.pipeline import PipelineStage, gather_over_stages, hand_on, receive_hidden
+from twinkle.model.megatron.recompute import checkpoint_layers
 from twinkle.module import RowRouting
 
 WEIGHTS_FILE = "model.safetensors"
@@ -142,6 +144,8 @@ class MegatronCausalLM(nn.Module):
     ``stage``: this rank's pipeline stage (its decoder layers); the whole model when omitted.
     """
 
+    supports_gradient_checkpointing = True  # by :meth:`activation_checkpointing_enable`, as transformers' models
+
     def __init__(
         self,
         config: Any,
@@ -200,6 +204,14 @@ class MegatronCausalLM(nn.Module):
                 layer.get_submodule(fused).register_forward_hook(self.lora.hook(index, fused))
             for norm in ("self_attention.q_layernorm", "self_attention.k_layernorm"):  # each rank norms its heads
                 layer.get_submodule(norm).weight.partial_over_tensor_parallel = True
+
+    def activation_checkpointing_enable(
+        self, activation_checkpointing_kwargs: Mapping[str, Any] | None = None, every_n_layers: int = 1
+    ) -> None:
+        """Recompute every ``every_n_layers``-th decoder layer in backward (:mod:`.recompute`; non-reentrant)."""
+        if (activation_checkpointing_kwargs or {}).get("use_reentrant", False):
+            raise ConfigurationError("MegatronModel checkpoints its layers non-reentrantly only")
+        checkpoint_layers(self.gpt.decoder.layers, self.positions, every_n_layers)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.gpt.embedding.word_embeddings  # num_embeddings is the whole vocabulary's

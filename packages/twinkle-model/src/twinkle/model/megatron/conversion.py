@@ -8,6 +8,13 @@ transformers names a Qwen3 decoder layer's projections one by one; megatron-core
   part of both);
 - the layer norms and QK-norms keep their own tensors under other names.
 
+Two sets of megatron names (``layout``): ``"local"``, the local layer spec's, which :class:`MegatronModel`
+builds; and ``"transformer_engine"``, the Transformer-Engine spec's (``get_gpt_layer_with_transformer_engine_spec``),
+where the layer norm before attention is fused into ``linear_qkv`` (``layer_norm_weight``), so is a dense
+layer's norm before its MLP into ``linear_fc1``, and a MoE layer's experts are grouped GEMMs
+(``mlp.experts.linear_fc1.weight{e}`` for expert ``e`` of the whole model, ``mlp.router.weight``). TE's
+``_extra_state`` entries (FP8 metadata) are not weights: they are neither made nor read here.
+
 A tensor-parallel parameter carries megatron's ``partition_dim`` and ``partition_stride``;
 :func:`local_part` cuts a whole tensor to a rank's shard by them and :func:`whole` joins the shards.
 """
@@ -23,6 +30,7 @@ import torch.distributed as dist
 from twinkle.errors import ConfigurationError
 
 SUPPORTED_FAMILIES = ("qwen3", "qwen3_moe")
+LAYOUTS = ("local", "transformer_engine")
 # transformers' per-layer name -> megatron-core's, for tensors that move as they are.
 _LAYER_NAMES = {
     "input_layernorm.weight": "input_layernorm.weight",
@@ -86,8 +94,9 @@ def check_supported(config: Any, tp_size: int, pp_size: int = 1, ep_size: int = 
         )
 
 
-def to_megatron(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
-    """A transformers state dict of a supported family in megatron-core's names and layouts."""
+def to_megatron(state: Mapping[str, torch.Tensor], config: Any, layout: str = "local") -> dict[str, torch.Tensor]:
+    """A transformers state dict of a supported family in megatron-core's names (of ``layout``) and layouts."""
+    _check_layout(layout)
     heads, groups, dim = config.num_attention_heads, config.num_key_value_heads, head_dim(config)
     names = {**_LAYER_NAMES, **(_MOE_NAMES if is_moe(config) else _DENSE_NAMES)}
     out = {
@@ -107,11 +116,15 @@ def to_megatron(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, tor
         if not is_moe(config):
             gate, up = state[hf + "mlp.gate_proj.weight"], state[hf + "mlp.up_proj.weight"]
             out[mc + "mlp.linear_fc1.weight"] = torch.cat([gate, up])
-    return out
+    return _to_transformer_engine(out, config) if layout == "transformer_engine" else out
 
 
-def to_transformers(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
-    """The inverse of :func:`to_megatron`: megatron-core's whole tensors under transformers' names."""
+def to_transformers(state: Mapping[str, torch.Tensor], config: Any, layout: str = "local") -> dict[str, torch.Tensor]:
+    """The inverse of :func:`to_megatron`: megatron-core's whole tensors (named as in ``layout``) under
+    transformers' names."""
+    _check_layout(layout)
+    if layout == "transformer_engine":
+        state = _from_transformer_engine(state, config)
     heads, groups, dim = config.num_attention_heads, config.num_key_value_heads, head_dim(config)
     names = {**_LAYER_NAMES, **(_MOE_NAMES if is_moe(config) else _DENSE_NAMES)}
     out = {
@@ -133,6 +146,55 @@ def to_transformers(state: Mapping[str, torch.Tensor], config: Any) -> dict[str,
             gate, up = state[mc + "mlp.linear_fc1.weight"].chunk(2)
             out[hf + "mlp.gate_proj.weight"], out[hf + "mlp.up_proj.weight"] = gate, up
     return {name: tensor.contiguous() for name, tensor in out.items()}
+
+
+def _check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ConfigurationError(f"layout={layout!r} is not a megatron-core layout; one of {', '.join(LAYOUTS)}")
+
+
+def _engine_names(config: Any) -> dict[str, str]:
+    """A layer's local-spec name -> its Transformer-Engine-spec name, for tensors that only change names."""
+    names = {"input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight"}
+    if is_moe(config):
+        return {**names, "mlp.router": "mlp.router.weight"}  # its norm before the MLP stays a norm of its own
+    return {**names, "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight"}
+
+
+# A MoE layer's fused experts (local) -> the Transformer-Engine spec's grouped GEMMs, one tensor per expert.
+_GROUPED_EXPERTS = {
+    "mlp.experts.gate_up_proj": "mlp.experts.linear_fc1.weight",
+    "mlp.experts.down_proj": "mlp.experts.linear_fc2.weight",
+}
+
+
+def _to_transformer_engine(state: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
+    """The local layout's tensors under the Transformer-Engine spec's names (and its experts one by one)."""
+    renames = _engine_names(config)
+    for layer in range(config.num_hidden_layers):
+        mc = f"decoder.layers.{layer}."
+        for local, engine in renames.items():
+            state[mc + engine] = state.pop(mc + local)
+        if is_moe(config):
+            for fused, grouped in _GROUPED_EXPERTS.items():
+                for expert, weight in enumerate(state.pop(mc + fused).unbind(0)):
+                    state[f"{mc}{grouped}{expert}"] = weight
+    return state
+
+
+def _from_transformer_engine(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`_to_transformer_engine`."""
+    local = dict(state)
+    renames = _engine_names(config)
+    for layer in range(config.num_hidden_layers):
+        mc = f"decoder.layers.{layer}."
+        for name, engine in renames.items():
+            local[mc + name] = local.pop(mc + engine)
+        if is_moe(config):
+            for fused, grouped in _GROUPED_EXPERTS.items():
+                experts = [local.pop(f"{mc}{grouped}{expert}") for expert in range(num_experts(config))]
+                local[mc + fused] = torch.stack(experts)
+    return local
 
 
 def is_sharded(param: torch.Tensor) -> bool:

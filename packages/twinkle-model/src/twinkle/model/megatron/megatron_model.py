@@ -25,7 +25,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from twinkle.errors import ConfigurationError
 from twinkle.infra import remote_class
 from twinkle.model.checkpoints.save_load import read_weight_files
-from twinkle.model.loading import CheckpointingPolicy
+from twinkle.model.loading import CheckpointingPolicy, enable_activation_checkpointing
 from twinkle.model.megatron.causal_lm import MegatronCausalLM
 from twinkle.model.megatron.conversion import check_supported, to_megatron, to_transformers
 from twinkle.model.megatron.expert_lora import full_name
@@ -65,7 +65,6 @@ class MegatronModel(TrainingModel):
         options: dict[str, Any],
     ) -> Any:
         unsupported = {
-            "gradient_checkpointing": gradient_checkpointing,
             "kernels": kernels,
             "patches": list(patches),
             **{key: value for key, value in options.items() if key not in ("dtype", "attn_implementation", *ROUTER)},
@@ -87,6 +86,7 @@ class MegatronModel(TrainingModel):
         parallel.shard_experts(model)  # each expert-parallel rank keeps its block of them (cut from the whole)
         if parallel.experts is not None:  # and the experts' LoRA pairs, too
             model.lora.expert_block = (parallel.experts.rank_in_group, parallel.experts.size)
+        enable_activation_checkpointing(model, gradient_checkpointing)
         return model.train()
 
     def load_full_weights(self, path: Path) -> None:

@@ -21,7 +21,7 @@ from twinkle.registry import get_registry
 BACKENDS = ("transformers", "megatron")
 MEGATRON_EXTRA = "twinkle-model[megatron]"
 # Model options that only the transformers back-end has so far.
-TRANSFORMERS_ONLY = ("gradient_checkpointing", "kernels", "record_routing")
+TRANSFORMERS_ONLY = ("kernels", "record_routing")
 
 
 def backend_problems(backend: Any, options: Mapping[str, Any]) -> list[str]:
