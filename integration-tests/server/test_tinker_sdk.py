@@ -166,6 +166,50 @@ def test_sampling_from_a_snapshot_a_saved_path_and_the_base_model(alice, trainer
     assert len(base.sample(prompt, num_samples=1, sampling_params=params).result().sequences) == 1
 
 
+def test_concurrent_sample_requests_are_generated_together_each_as_if_alone(server, alice, trainer):
+    """Sample requests in flight at once (a snapshot's and the base model's, other prompts, seeds and lengths)
+    queue while a forward runs and are then generated in one batch (``/metrics``). Each gets what it gets sent
+    alone: greedy requests the same tokens; seeded ones at temperature 1 log-probs that are its own weights'
+    for the tokens it got (the tokens themselves may differ: over this random model's nearly flat distribution
+    one float32 rounding of the batch moves an inverse-CDF draw to a neighbouring token id)."""
+    trainer.forward_backward([sft_datum(seed) for seed in range(4)], "cross_entropy").result()
+    trainer.optim_step(types.AdamParams(learning_rate=5e-2)).result()  # the snapshot's adapter is not the base
+    snapshot = trainer.save_weights_and_get_sampling_client().result()
+    base = alice.create_sampling_client(base_model=BASE_MODEL).result()
+    probe = types.ModelInput.from_ints([151644, 872, 198, 9707, 11, 1879])
+    adapted, plain = (client.compute_logprobs(probe).result()[1:] for client in (snapshot, base))
+    assert max(abs(a - b) for a, b in zip(adapted, plain, strict=True)) > 1e-2  # a mixed-up row would show
+    requests = [
+        (
+            client,
+            [151644, 872, 198, 9707 + index],
+            1 + index % 2,
+            types.SamplingParams(max_tokens=3 + index, temperature=1.0 if index % 3 == 0 else 0.0, seed=index),
+        )
+        for index, client in enumerate([snapshot, base] * 4)
+    ]
+    before = _sample_batches(server)
+    forward = trainer.forward([sft_datum(seed) for seed in range(8)], "cross_entropy")  # keeps the model busy
+    futures = [client.sample(types.ModelInput.from_ints(ids), n, params) for client, ids, n, params in requests]
+    together = [future.result() for future in futures]
+    forward.result()
+    batches, calls = (after - first for after, first in zip(_sample_batches(server), before, strict=True))
+    assert calls == len(requests) and batches < calls, (batches, calls)
+    for (client, ids, count, params), result in zip(requests, together, strict=True):
+        assert len(result.sequences) == count
+        if params.temperature == 0.0:
+            alone = client.sample(types.ModelInput.from_ints(ids), count, params).result()
+            assert [s.tokens for s in result.sequences] == [s.tokens for s in alone.sequences]
+        for sequence in result.sequences:
+            scored = client.compute_logprobs(types.ModelInput.from_ints(ids + sequence.tokens)).result()
+            assert sequence.logprobs == pytest.approx(scored[len(ids) :], abs=1e-4)
+
+
+def _sample_batches(server) -> tuple[float, float]:
+    """How many sample batches the server ran so far, and how many sample calls they held."""
+    return server.metric("twinkle_sample_batch_requests_count"), server.metric("twinkle_sample_batch_requests_sum")
+
+
 def test_compute_logprobs_equals_training_forward(alice, trainer):
     tokens = [151644, 872, 198, 9707, 11, 1879, 0]
     path = trainer.save_weights_for_sampler("samp-logprobs").result().path

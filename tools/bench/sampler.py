@@ -19,12 +19,17 @@ tokens/s counts the tokens each side actually generated (up to and including
 its end-of-sequence token); and the sampler also computes every token's
 log-probability (which RL needs), work ``generate`` skips.
 
-(2) **Weight sync.** A LoRA (r=16, all linear layers) trainer is synced into a
+(2) **Calls sampled together.** ``--batch-size`` sample calls of one prompt
+each, 4 seeded samples per prompt (as an RL loop's concurrent Tinker ``asample``
+requests reach a server), by one ``Sampler.sample_many`` against one ``sample``
+call after another; the server's scheduler batches such calls this way.
+
+(3) **Weight sync.** A LoRA (r=16, all linear layers) trainer is synced into a
 sampler by ``CheckpointEngineManager.sync_weights``: LoRA only (the adapter's
 tensors) against merged full weights (every base weight, ``W + scaling·B·A``).
 
 ``--vllm`` adds ``vLLMSampler`` (fp32, in-process engine) as a third side of
-(1) and a second sampler in (2); it needs vllm (``.venv-vllm`` from ``make
+(1) and a second sampler in (2) and (3); it needs vllm (``.venv-vllm`` from ``make
 test-vllm`` has the CPU build). vLLM's CPU attention runs no heads smaller than
 32, so on a CPU the default model is replaced, for every side, by the same tiny
 Qwen3 with heads 32 wide (``builtin://qwen3-tiny-head32``).
@@ -60,7 +65,7 @@ from twinkle.checkpoint_engine import CheckpointEngineManager
 from twinkle.data_format import SamplingParams
 from twinkle.hub import resolve_dataset
 from twinkle.model import TransformersModel
-from twinkle.sampler import TorchSampler
+from twinkle.sampler import SampleCall, TorchSampler
 from twinkle.template import Template
 
 MODEL_ID = "builtin://qwen3-tiny"
@@ -165,6 +170,34 @@ def bench_sampling(args: argparse.Namespace) -> None:
             )
 
 
+def bench_calls(args: argparse.Namespace) -> None:
+    sampler = TorchSampler(args.model, device=args.device)
+    template = Template(sampler.model_path, max_length=None)
+    prompts = chat_prompts(template, args.batch_size)
+    print(f"\n(2) {args.batch_size} sample calls of one prompt, 4 samples each, {args.max_tokens} new tokens")
+    samplers = {"TorchSampler": sampler, **({"vLLMSampler": vllm_sampler(args.model)} if args.vllm else {})}
+    for label, each in samplers.items():
+        calls = [
+            SampleCall(prompt, SamplingParams(max_tokens=args.max_tokens, num_samples=4, seed=index))
+            for index, prompt in enumerate(prompts)
+        ]
+
+        def together(each: Any = each, calls: list[SampleCall] = calls) -> int:
+            return sum(len(s.tokens) for result in each.sample_many(calls) for s in result.unwrap().sequences)
+
+        def one_by_one(each: Any = each, calls: list[SampleCall] = calls) -> int:
+            responses = [each.sample(call.inputs, call.sampling_params) for call in calls]
+            return sum(len(s.tokens) for response in responses for s in response.sequences)
+
+        speeds = interleaved({"together": together, "one by one": one_by_one}, args.rounds, args.warmup)
+        median = {name: statistics.median(values) for name, values in speeds.items()}
+        print(f"  {label}")
+        for name, values in speeds.items():
+            rounds = ", ".join(f"{value:.0f}" for value in values)
+            print(f"    {name:<22} {median[name]:>7.0f} tokens/s   (rounds: {rounds})")
+        print(f"    ratio together / one by one: {median['together'] / median['one by one']:.2f}")
+
+
 _VLLM_SAMPLERS: dict[tuple[str, bool], Any] = {}
 
 
@@ -209,7 +242,7 @@ def time_sync(args: argparse.Namespace, manager: CheckpointEngineManager, label:
             if index >= args.warmup:
                 seconds[merge].append(time.perf_counter() - start)
     lora, full = statistics.median(seconds[False]), statistics.median(seconds[True])
-    print(f"\n(2) sync_weights into {label}, LoRA r=16 on all linear layers")
+    print(f"\n(3) sync_weights into {label}, LoRA r=16 on all linear layers")
     print(f"    LoRA only      {lora * 1e3:>8.2f} ms")
     print(f"    merged, full   {full * 1e3:>8.2f} ms")
     print(f"    LoRA-only sync is {full / lora:.1f}x faster")
@@ -253,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"load average {os.getloadavg()[0]:.1f} (other processes make the absolute numbers noisy)"
     )
     bench_sampling(args)
+    bench_calls(args)
     bench_sync(args)
 
 

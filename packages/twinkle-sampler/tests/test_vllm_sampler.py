@@ -75,6 +75,30 @@ def test_a_mixed_batch_gives_every_row_what_it_gets_alone(sampler, trainers, vll
     assert len({tuple(tokens) for tokens in by_adapter.values()}) > 1, "the adapters really change the rows"
 
 
+def test_calls_sampled_together_get_what_each_gets_alone(sampler, vllm_prompts):
+    """``sample_many``: one engine batch of calls with their own adapters and parameters (seeded: vLLM draws each
+    request's numbers from its own generator); a call the sampler refuses gets its error, the others run."""
+    from twinkle.sampler import SampleCall
+
+    calls = [
+        SampleCall(vllm_prompts[:2], GREEDY, use_base_model=True),
+        SampleCall(
+            vllm_prompts[2], SamplingParams(max_tokens=6, seed=3, top_k=20, num_samples=2), adapter_name="small"
+        ),
+        SampleCall(vllm_prompts[1], SamplingParams(max_tokens=5, seed=5, top_p=0.9, prompt_logprobs=True), "large"),
+        SampleCall(vllm_prompts[0], GREEDY, adapter_name="nobody"),
+    ]
+    results = sampler.sample_many(calls)
+    with pytest.raises(InvalidInputError, match="unknown adapter 'nobody'"):
+        results[3].unwrap()
+    for call, result in zip(calls[:3], results[:3], strict=True):
+        together = result.unwrap()
+        alone = sampler.sample(call.inputs, call.sampling_params, call.adapter_name, use_base_model=call.use_base_model)
+        assert [s.tokens for s in together.sequences] == [s.tokens for s in alone.sequences]
+        assert max_gap([s.logprobs for s in together.sequences], [s.logprobs for s in alone.sequences]) <= ATOL
+    assert results[2].unwrap().prompt_logprobs is not None
+
+
 def test_the_raw_engine_gives_base_rows_an_adapter_and_the_self_test_sees_it(sampler, trainers, vllm_prompts):
     """The workaround's reason: vLLM's own batch of base and adapter rows (no zero adapter) is wrong on this engine."""
     from vllm import SamplingParams as VllmSamplingParams

@@ -118,6 +118,52 @@ def test_tenants_stepping_between_training_calls_stay_in_step_and_fill_every_pas
     assert elapsed < 4.0, f"{steps} cycles took {elapsed:.1f} s: the waits did not end when the tenants were back"
 
 
+@dataclass(frozen=True)
+class Sample:
+    """A shared request of another batch kind (as the server's sample calls are)."""
+
+    run: str
+    step: int
+
+
+def _kind(request: Request | Sample) -> str:
+    return "sample" if isinstance(request, Sample) else "pass"
+
+
+def test_shared_calls_of_another_kind_batch_apart_from_training():
+    """Sample calls of many queues (a tenant's concurrent calls queue one by one) run in one batch of their own;
+    training calls share passes of theirs; batches go in turn order."""
+    recorder = Recorder()
+    scheduler, gate = _blocked_scheduler(recorder.run_shared, batch_kind=_kind)
+    for run in ("a", "b"):
+        scheduler.submit(_shared(run, 0))
+    for number in range(4):
+        scheduler.submit(Job(f"s{number}", lambda: None, lambda result, error: None, shared=Sample("s", number)))
+    scheduler.submit(_shared("c", 0))
+    gate.set()
+    _drain(scheduler, ["a", "b", "c", "s0", "s1", "s2", "s3"])
+    assert recorder.passes == [["a:0", "b:0", "c:0"], ["s:0", "s:1", "s:2", "s:3"]]
+
+
+def test_a_sample_batch_runs_while_a_pass_waits_for_tenants():
+    """a is back for its next pass, which waits (up to 5 s) for b, its partner of the last pass: a sample call
+    arriving meanwhile runs at once instead of queueing behind it."""
+    recorder, sampled, trained = Recorder(), threading.Event(), threading.Event()
+    scheduler, gate = _blocked_scheduler(recorder.run_shared, cycle_wait_s=5.0, batch_kind=_kind)
+    for run in ("a", "b"):
+        scheduler.submit(_shared(run, 0))
+    gate.set()
+    scheduler.submit(_shared("a", 1, on_done=lambda result, error: trained.set()))
+    time.sleep(0.2)  # the pass of a:1 is waiting for b now
+    scheduler.submit(Job("s0", lambda: None, lambda result, error: sampled.set(), shared=Sample("s", 0)))
+    assert sampled.wait(2.0), "the sample call waited behind the training pass"
+    assert not trained.is_set()
+    scheduler.submit(_shared("b", 1))
+    assert trained.wait(30)
+    _drain(scheduler, ["a", "b", "s0"])
+    assert recorder.passes == [["a:0", "b:0"], ["s:0"], ["a:1", "b:1"]]
+
+
 def test_a_tenant_training_alone_never_waits():
     recorder, waits = Recorder(), []
 

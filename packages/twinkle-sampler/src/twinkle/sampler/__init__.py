@@ -4,8 +4,9 @@
 (extra ``twinkle-sampler[vllm]``) serves the same interface from vLLM on GPUs.
 """
 
-from twinkle.sampler.base import Sampler
+from twinkle.sampler.base import SampleCall, Sampler
+from twinkle.sampler.results import SampleResult
 from twinkle.sampler.torch_sampler import TorchSampler
 from twinkle.sampler.vllm_sampler import vLLMSampler
 
-__all__ = ["Sampler", "TorchSampler", "vLLMSampler"]
+__all__ = ["SampleCall", "SampleResult", "Sampler", "TorchSampler", "vLLMSampler"]

@@ -1,9 +1,9 @@
 """``Sampler``: what every sampling back-end shares — inputs, adapters per prompt, stops and results.
 
 A back-end implements :meth:`Sampler._generate` (token ids in, token ids and
-log-probs out) and adapter management; everything a user can get wrong is
-checked here first, before any compute, and every back-end returns the same
-:class:`SampleResponse` for the same tokens.
+log-probs out, for several calls at once) and adapter management; everything a
+user can get wrong is checked here first, before any compute, and every
+back-end returns the same :class:`SampleResponse` for the same tokens.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import dataclasses
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,21 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from twinkle.data_format import InputFeature, SampleResponse, SamplingParams, Trajectory, validate_input_feature
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.registry import build
-from twinkle.sampler.results import Generation, Prompt, build_response
+from twinkle.sampler.results import Generation, GenerationRequest, Prompt, SampleResult, build_response
 from twinkle.sampler.stopping import StopCriteria
 
 AdapterSpec = str | None | Sequence[str | None]
+
+
+@dataclass(frozen=True)
+class SampleCall:
+    """The arguments of one :meth:`Sampler.sample` call, for :meth:`Sampler.sample_many`."""
+
+    inputs: InputFeature | Trajectory | Sequence[InputFeature | Trajectory]
+    sampling_params: SamplingParams | None = None
+    adapter_name: AdapterSpec = None
+    num_samples: int | None = None
+    use_base_model: bool = False
 
 
 class Sampler(ABC):
@@ -121,9 +133,39 @@ class Sampler(ABC):
         carrying the conversation (ending with the completion) and ``user_data``
         for rewards.
         """
-        prompts, params, stop = self._prepare(inputs, sampling_params, adapter_name, num_samples, use_base_model)
-        generation = self._generate(prompts, params, stop)
-        return build_response(prompts, generation, stop)
+        request = self._prepare(inputs, sampling_params, adapter_name, num_samples, use_base_model)
+        (generation,) = self._generate([request])
+        return build_response(request.prompts, generation, request.stop)
+
+    def sample_many(self, calls: Sequence[SampleCall]) -> list[SampleResult]:
+        """Several :meth:`sample` calls generated together (one batch: e.g. many tenants' calls on a server).
+
+        Each call gets what :meth:`sample` would give it alone: its own parameters, stops, adapters and, with a
+        ``seed``, its own random numbers. A call that fails its checks gets its error and the others still run;
+        an error while generating is every call's.
+        """
+        results = [SampleResult() for _ in calls]
+        checked: list[tuple[SampleResult, GenerationRequest]] = []
+        for result, call in zip(results, calls, strict=True):
+            try:
+                request = self._prepare(
+                    call.inputs, call.sampling_params, call.adapter_name, call.num_samples, call.use_base_model
+                )
+            except Exception as exc:  # this call's problem only: the rest of the batch runs
+                result.error = exc
+            else:
+                checked.append((result, request))
+        if not checked:
+            return results
+        try:
+            generations = self._generate([request for _, request in checked])
+        except Exception as exc:
+            for result, _ in checked:
+                result.error = exc
+            return results
+        for (result, request), generation in zip(checked, generations, strict=True):
+            result.output = build_response(request.prompts, generation, request.stop)
+        return results
 
     def _prepare(
         self,
@@ -132,7 +174,7 @@ class Sampler(ABC):
         adapter_name: AdapterSpec,
         num_samples: int | None,
         use_base_model: bool,
-    ) -> tuple[list[Prompt], SamplingParams, StopCriteria]:
+    ) -> GenerationRequest:
         """:meth:`sample`'s arguments checked: the prompts with their adapters, the parameters, the stops."""
         params = sampling_params if sampling_params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -142,14 +184,14 @@ class Sampler(ABC):
         prompts = self._prompts(inputs, adapter_name, use_base_model)
         stop = self._stop_criteria(params)
         self._check_lengths(prompts, params)
-        return prompts, params, stop
+        return GenerationRequest(prompts, params, stop)
 
     def close(self) -> None:  # noqa: B027 (optional: most back-ends hold nothing but memory)
         """Free what the back-end holds beyond memory (an engine's processes and threads); nothing by default."""
 
     @abstractmethod
-    def _generate(self, prompts: list[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
-        """Generate ``params.num_samples`` consecutive completions per prompt, prompts in input order."""
+    def _generate(self, requests: list[GenerationRequest]) -> list[Generation]:
+        """For each request, ``params.num_samples`` consecutive completions per prompt, prompts in input order."""
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The text a user sees for ``token_ids`` (special tokens such as end-of-turn left out)."""

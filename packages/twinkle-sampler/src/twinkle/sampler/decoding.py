@@ -1,6 +1,9 @@
 """Batched generation over a transformers causal LM with a KV cache and per-row LoRA adapters.
 
-Distinct prompts are prefilled once (left-padded, with matching attention mask
+One batch serves several sample calls at once (:class:`GenerationRequest` s, e.g. many tenants' calls on a
+server): their prompts are prefilled together and their rows decoded together, while each call's tokens are
+chosen with its own parameters, stops and random generator (its ``seed``'s), so a call gets what it would
+get alone. Within a call, distinct prompts are prefilled once (left-padded, with matching attention mask
 and position ids); their cache rows are then repeated for every sample that
 continues them, so ``num_samples`` copies of a prompt — or the same prompt sent
 several times — cost one prefill. Each step runs the decoder on the newest
@@ -23,7 +26,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from twinkle.data_format import FREE_EXPERT, SamplingParams
+from twinkle.data_format import FREE_EXPERT
 from twinkle.module import (
     ImageRows,
     MultiLoraLinear,
@@ -33,23 +36,30 @@ from twinkle.module import (
     record_routing,
 )
 from twinkle.sampler.prompt_logprobs import prompt_logprobs
-from twinkle.sampler.results import Completion, Generation, Prompt
+from twinkle.sampler.results import Completion, Generation, GenerationRequest, Prompt
 from twinkle.sampler.stopping import StopCriteria
 from twinkle.sampler.token_sampling import StepTokens, choose_tokens, requested, topk_count, topk_pairs
 from twinkle.sampler.vision import image_prefill_inputs, multimodal_base
 
 
 class _Rows:
-    """The rows still generating: which completion each is, its adapter, attention mask and next position.
+    """The rows still generating: which completion each is, of which request, its adapter, attention mask and next
+    position.
 
     ``seen_BS`` (every token so far) is kept only for the repetition penalty;
     a left-padded row's pads repeat one of its real tokens there.
     """
 
     def __init__(
-        self, adapters: list[str | None], mask_BL: torch.Tensor, seen_BS: torch.Tensor | None, delta_B: torch.Tensor
+        self,
+        requests: list[int],
+        adapters: list[str | None],
+        mask_BL: torch.Tensor,
+        seen_BS: torch.Tensor | None,
+        delta_B: torch.Tensor,
     ) -> None:
         self.completions = list(range(len(adapters)))
+        self.requests = requests
         self.adapters = adapters
         self.mask_BL = mask_BL
         self.seen_BS = seen_BS
@@ -65,6 +75,7 @@ class _Rows:
         if len(keep) < len(self.completions):
             index = torch.tensor(keep, device=new_B1.device)
             self.completions = [self.completions[i] for i in keep]
+            self.requests = [self.requests[i] for i in keep]
             self.adapters = [self.adapters[i] for i in keep]
             new_B1, self.mask_BL, self.next_position_B = new_B1[index], self.mask_BL[index], self.next_position_B[index]
             self.seen_BS = None if self.seen_BS is None else self.seen_BS[index]
@@ -76,11 +87,9 @@ class _Rows:
 
 
 class Decoder:
-    """Runs one :class:`twinkle.sampler.TorchSampler` request over its model."""
+    """Runs :class:`twinkle.sampler.TorchSampler` requests over its model."""
 
-    def __init__(
-        self, model: PreTrainedModel, pad_token_id: int, generator: torch.Generator | None, record: bool = False
-    ) -> None:
+    def __init__(self, model: PreTrainedModel, pad_token_id: int, record: bool = False) -> None:
         self.model = model
         self.record = record
         self.routing: RoutingRecord | None = None
@@ -88,51 +97,94 @@ class Decoder:
         self.base: Any = multimodal_base(model)  # a vision-language model's base (takes images); None: text-only
         self.head = model.get_output_embeddings()
         self.pad_token_id = pad_token_id
-        self.generator = generator
         self.has_adapters = bool(multi_lora_modules(model))
 
-    def generate(self, prompts: Sequence[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
-        """``params.num_samples`` consecutive completions per prompt, prompts in input order."""
+    def generate(
+        self, requests: Sequence[GenerationRequest], generators: Sequence[torch.Generator | None]
+    ) -> list[Generation]:
+        """Each request's ``num_samples`` consecutive completions per prompt, prompts in input order; request ``r``
+        draws its random numbers from ``generators[r]`` (``None``: torch's global generator)."""
         with ExitStack() as stack:
             if self.record:
                 self.routing = stack.enter_context(record_routing(self.model))
-            return self._generate(prompts, params, stop)
+            return self._generate(requests, generators)
 
-    def _generate(self, prompts: Sequence[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
-        distinct: dict[tuple[tuple[int, ...], str | None, str | None], int] = {}
-        source = [distinct.setdefault(p.group_key, len(distinct)) for p in prompts]
-        firsts = [prompts[source.index(u)] for u in range(len(distinct))]
-        ids_UL, mask_UL = self._left_pad([p.input_ids for p in firsts])
+    def _generate(
+        self, requests: Sequence[GenerationRequest], generators: Sequence[torch.Generator | None]
+    ) -> list[Generation]:
+        distinct: dict[tuple[int, tuple[Any, ...]], int] = {}  # (request, prompt group) -> its prefill row
+        sources = [
+            [distinct.setdefault((r, p.group_key), len(distinct)) for p in request.prompts]
+            for r, request in enumerate(requests)
+        ]
+        firsts: dict[int, Prompt] = {}
+        for request, source in zip(requests, sources, strict=True):
+            for prompt, u in zip(request.prompts, source, strict=True):
+                firsts.setdefault(u, prompt)
+        prefilled = [firsts[u] for u in range(len(distinct))]
+        ids_UL, mask_UL = self._left_pad([p.input_ids for p in prefilled])
         cache = DynamicCache(config=self.model.config)
-        images = image_prefill_inputs([p.feature for p in firsts], mask_UL, self.base, self.head.weight.dtype)
-        delta_U = torch.zeros(len(firsts), dtype=torch.long, device=ids_UL.device)
+        images = image_prefill_inputs([p.feature for p in prefilled], mask_UL, self.base, self.head.weight.dtype)
+        delta_U = torch.zeros(len(prefilled), dtype=torch.long, device=ids_UL.device)
         if images is None:
             positions = self._positions(mask_UL)
         else:  # the model's own multimodal positions, and how far each prompt's run ahead of its length
             positions, delta_U1 = self.base.get_rope_index(ids_UL, attention_mask=mask_UL, **images)
             delta_U = delta_U1.reshape(-1).to(ids_UL.device)
-        hidden_ULH = self._forward(ids_UL, mask_UL, positions, [p.adapter for p in firsts], cache, images)
+        hidden_ULH = self._forward(ids_UL, mask_UL, positions, [p.adapter for p in prefilled], cache, images)
         prompt_routing = self._prompt_routing(mask_UL)
-        generation = Generation(completions=[])
-        if requested(params.prompt_logprobs):
-            with self._routed([p.adapter for p in firsts]):
-                logprobs, alternatives = prompt_logprobs(self.head, hidden_ULH, ids_UL, mask_UL, params.prompt_logprobs)
-            generation.prompt_logprobs = [logprobs[u] for u in source]
-            generation.topk_prompt_logprobs = None if alternatives is None else [alternatives[u] for u in source]
-        expand = torch.tensor([u for u in source for _ in range(params.num_samples)], device=ids_UL.device)
+        generations = [Generation(completions=[]) for _ in requests]
+        for request, source, generation in zip(requests, sources, generations, strict=True):
+            if requested(request.params.prompt_logprobs):
+                self._prompt_logprobs(request, source, prefilled, hidden_ULH, ids_UL, mask_UL, generation)
+        expand_list = [
+            u for r, source in enumerate(sources) for u in source for _ in range(requests[r].params.num_samples)
+        ]
+        expand = torch.tensor(expand_list, device=ids_UL.device)
         cache.batch_select_indices(expand)
         seen_BS = None
-        if params.repetition_penalty != 1.0:
+        if any(request.params.repetition_penalty != 1.0 for request in requests):
             seen_BS = torch.where(mask_UL.bool(), ids_UL, ids_UL[:, -1:])[expand]
-        adapters = [prompt.adapter for prompt in prompts for _ in range(params.num_samples)]
-        rows = _Rows(adapters, mask_UL[expand], seen_BS, delta_U[expand])
-        generation.completions = self._decode(hidden_ULH[:, -1][expand], rows, cache, params, stop)
+        row_requests = [r for r, request in enumerate(requests) for _ in range(request.completion_count)]
+        adapters = [
+            prompt.adapter
+            for request in requests
+            for prompt in request.prompts
+            for _ in range(request.params.num_samples)
+        ]
+        rows = _Rows(row_requests, adapters, mask_UL[expand], seen_BS, delta_U[expand])
+        completions = self._decode(hidden_ULH[:, -1][expand], rows, cache, requests, generators)
         if prompt_routing is not None:
-            for completion, prompt in zip(generation.completions, expand.tolist(), strict=True):
+            for completion, u in zip(completions, expand_list, strict=True):
                 assert completion.routed_experts is not None
-                free = [[FREE_EXPERT] * len(prompt_routing[prompt][0][0])] * len(prompt_routing[prompt][0])
-                completion.routed_experts = [*prompt_routing[prompt], *completion.routed_experts, free]
-        return generation
+                free = [[FREE_EXPERT] * len(prompt_routing[u][0][0])] * len(prompt_routing[u][0])
+                completion.routed_experts = [*prompt_routing[u], *completion.routed_experts, free]
+        start = 0
+        for request, generation in zip(requests, generations, strict=True):
+            generation.completions = completions[start : start + request.completion_count]
+            start += request.completion_count
+        return generations
+
+    def _prompt_logprobs(
+        self,
+        request: GenerationRequest,
+        source: list[int],
+        prefilled: list[Prompt],
+        hidden_ULH: torch.Tensor,
+        ids_UL: torch.Tensor,
+        mask_UL: torch.Tensor,
+        generation: Generation,
+    ) -> None:
+        """The request's prompt log-probs (and top-k alternatives) from its prompts' prefill rows."""
+        own = sorted(set(source))
+        index = torch.tensor(own, device=ids_UL.device)
+        with self._routed([prefilled[u].adapter for u in own]):
+            logprobs, alternatives = prompt_logprobs(
+                self.head, hidden_ULH[index], ids_UL[index], mask_UL[index], request.params.prompt_logprobs
+            )
+        row = {u: i for i, u in enumerate(own)}
+        generation.prompt_logprobs = [logprobs[row[u]] for u in source]
+        generation.topk_prompt_logprobs = None if alternatives is None else [alternatives[row[u]] for u in source]
 
     def _prompt_routing(self, mask_UL: torch.Tensor) -> list[list[list[list[int]]]] | None:
         """Each distinct prompt's tokens' experts from the prefill (left padding dropped)."""
@@ -143,26 +195,46 @@ class Decoder:
         return [routed_UTLK[u][mask_UL[u].bool()].tolist() for u in range(mask_UL.shape[0])]
 
     def _decode(
-        self, hidden_BH: torch.Tensor, rows: _Rows, cache: DynamicCache, params: SamplingParams, stop: StopCriteria
+        self,
+        hidden_BH: torch.Tensor,
+        rows: _Rows,
+        cache: DynamicCache,
+        requests: Sequence[GenerationRequest],
+        generators: Sequence[torch.Generator | None],
     ) -> list[Completion]:
-        logprobs, topk = requested(params.logprobs), topk_count(params.logprobs) > 0
         record = self.routing is not None
-        completions = [
-            Completion([], "length", [] if logprobs else None, [] if topk else None, [] if record else None)
-            for _ in rows.adapters
-        ]
-        for step in range(params.max_tokens):
-            chosen = choose_tokens(self._head_logits(hidden_BH, rows.adapters), params, self.generator, rows.seen_BS)
-            keep = self._record(chosen, rows, completions, stop, last_step=step == params.max_tokens - 1)
+        completions = []
+        for request in requests:
+            logprobs, topk = requested(request.params.logprobs), topk_count(request.params.logprobs) > 0
+            completions += [
+                Completion([], "length", [] if logprobs else None, [] if topk else None, [] if record else None)
+                for _ in range(request.completion_count)
+            ]
+        for step in range(max(request.params.max_tokens for request in requests)):
+            logits_BV = self._head_logits(hidden_BH, rows.adapters)
+            tokens_B = torch.empty(len(rows.completions), dtype=torch.long, device=logits_BV.device)
+            keep: list[int] = []
+            for r, positions in _rows_by_request(rows.requests).items():
+                request = requests[r]
+                if len(positions) == len(rows.completions):  # one request: no copy of the logits
+                    chosen = choose_tokens(logits_BV, request.params, generators[r], rows.seen_BS)
+                else:
+                    index = torch.tensor(positions, device=tokens_B.device)
+                    seen_BS = None if rows.seen_BS is None else rows.seen_BS[index]
+                    chosen = choose_tokens(logits_BV[index], request.params, generators[r], seen_BS)
+                tokens_B[positions] = chosen.tokens_B
+                last_step = step == request.params.max_tokens - 1
+                keep += self._record(chosen, positions, rows, completions, request.stop, last_step)
             if not keep:
                 break
-            ids_B1, positions_B1 = rows.advance(chosen.tokens_B, keep, cache)
+            keep.sort()
+            ids_B1, positions_B1 = rows.advance(tokens_B, keep, cache)
             if self.base is not None:  # M-RoPE: one position per rotary section (text tokens: all equal)
                 positions_B1 = positions_B1.unsqueeze(0).expand(3, -1, -1)
             hidden_BH = self._forward(ids_B1, rows.mask_BL, positions_B1, rows.adapters, cache)[:, -1]
             if self.routing is not None:  # the experts of the tokens just fed back, one per row
-                for index, experts in zip(rows.completions, self.routing.take().tolist(), strict=True):
-                    routed_experts = completions[index].routed_experts
+                for number, experts in zip(rows.completions, self.routing.take().tolist(), strict=True):
+                    routed_experts = completions[number].routed_experts
                     assert routed_experts is not None
                     routed_experts.append(experts)
         return completions
@@ -209,22 +281,28 @@ class Decoder:
 
     @staticmethod
     def _record(
-        chosen: StepTokens, rows: _Rows, completions: list[Completion], stop: StopCriteria, last_step: bool
+        chosen: StepTokens,
+        positions: list[int],
+        rows: _Rows,
+        completions: list[Completion],
+        stop: StopCriteria,
+        last_step: bool,
     ) -> list[int]:
-        """Append the step's tokens to their completions; return the batch positions that go on."""
+        """Append one request's tokens (its rows at batch ``positions``) to their completions; return the batch
+        positions that go on."""
         tokens = chosen.tokens_B.tolist()
         logprobs = None if chosen.logprobs_B is None else chosen.logprobs_B.tolist()
         ids_BK, topk_logprobs_BK = chosen.topk_ids_BK, chosen.topk_logprobs_BK
         topk = None if ids_BK is None or topk_logprobs_BK is None else topk_pairs(ids_BK, topk_logprobs_BK)
         keep = []
-        for position, index in enumerate(rows.completions):
-            completion = completions[index]
-            completion.tokens.append(tokens[position])
+        for row, position in enumerate(positions):
+            completion = completions[rows.completions[position]]
+            completion.tokens.append(tokens[row])
             if logprobs is not None and completion.logprobs is not None:  # both or neither, by request
-                completion.logprobs.append(logprobs[position])
+                completion.logprobs.append(logprobs[row])
             if topk is not None and completion.topk_logprobs is not None:
-                completion.topk_logprobs.append(topk[position])
-            if tokens[position] in stop.stop_ids or stop.ends_with_stop_string(completion.tokens):
+                completion.topk_logprobs.append(topk[row])
+            if tokens[row] in stop.stop_ids or stop.ends_with_stop_string(completion.tokens):
                 completion.stop_reason = "stop"
             elif not last_step:
                 keep.append(position)
@@ -244,3 +322,11 @@ class Decoder:
     def _positions(mask_BL: torch.Tensor) -> torch.Tensor:
         """Position ids counting real tokens only, so a left-padded row is positioned as if unpadded."""
         return (mask_BL.cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def _rows_by_request(requests_B: list[int]) -> dict[int, list[int]]:
+    """Each request's batch positions, in batch order."""
+    positions: dict[int, list[int]] = {}
+    for position, request in enumerate(requests_B):
+        positions.setdefault(request, []).append(position)
+    return positions

@@ -15,6 +15,7 @@ from twinkle.data_format import (
     InputFeature,
     SampledSequence,
     SampleResponse,
+    SamplingParams,
     StopReason,
     make_input_feature,
     prompt_major,
@@ -63,6 +64,34 @@ class Generation:
     completions: list[Completion]
     prompt_logprobs: list[list[float | None]] | None = None
     topk_prompt_logprobs: list[list[TopK | None]] | None = None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One checked sample call, as a back-end generates it: its prompts, parameters and stops."""
+
+    prompts: list[Prompt]
+    params: SamplingParams
+    stop: StopCriteria
+
+    @property
+    def completion_count(self) -> int:
+        return len(self.prompts) * self.params.num_samples
+
+
+@dataclass
+class SampleResult:
+    """What one call of :meth:`~twinkle.sampler.Sampler.sample_many` got: its response, or the error that stopped it."""
+
+    output: SampleResponse | None = None
+    error: Exception | None = None
+
+    def unwrap(self) -> SampleResponse:
+        """The response, or the call's error raised."""
+        if self.error is not None:
+            raise self.error
+        assert self.output is not None  # a call without an error always has its response
+        return self.output
 
 
 def build_response(prompts: list[Prompt], generation: Generation, stop: StopCriteria) -> SampleResponse:

@@ -17,7 +17,6 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from twinkle.data_format import SamplingParams
 from twinkle.errors import ConfigurationError
 from twinkle.hub import resolve_model
 from twinkle.infra import DeviceMesh, remote_class
@@ -36,8 +35,7 @@ from twinkle.patch import KernelsSpec, PatchSpec, accelerate
 from twinkle.registry import register
 from twinkle.sampler.base import Sampler
 from twinkle.sampler.decoding import Decoder
-from twinkle.sampler.results import Generation, Prompt
-from twinkle.sampler.stopping import StopCriteria
+from twinkle.sampler.results import Generation, GenerationRequest
 
 
 @register("sampler")
@@ -165,11 +163,12 @@ class TorchSampler(Sampler):
                 count += 1
         return count
 
-    def _generate(self, prompts: list[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
-        generator = None if params.seed is None else torch.Generator(self.device).manual_seed(params.seed)
-        decoder = Decoder(self.model, self.pad_token_id, generator, self.record_routing)
+    def _generate(self, requests: list[GenerationRequest]) -> list[Generation]:
+        seeds = [request.params.seed for request in requests]
+        generators = [None if seed is None else torch.Generator(self.device).manual_seed(seed) for seed in seeds]
+        decoder = Decoder(self.model, self.pad_token_id, self.record_routing)
         with torch.inference_mode():
-            return decoder.generate(prompts, params, stop)
+            return decoder.generate(requests, generators)
 
 
 def _auto_class(model_path: str) -> Any:

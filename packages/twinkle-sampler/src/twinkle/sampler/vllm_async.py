@@ -87,13 +87,13 @@ class AsyncEngine:
     def generate(
         self, prompts: Sequence[Any], params: Any, lora_request: Any = None, use_tqdm: bool = False
     ) -> list[Any]:
-        """Every prompt's final ``RequestOutput``, in order; the prompts run as concurrent engine requests."""
-        loras = _per_prompt(lora_request, len(prompts))
+        """Every prompt's final ``RequestOutput``, in order; the prompts run as concurrent engine requests.
+        ``params`` and ``lora_request`` are one for every prompt, or a list with one per prompt (as ``LLM``'s)."""
+        loras, every_params = _per_prompt(lora_request, len(prompts)), _per_prompt(params, len(prompts))
 
         async def every() -> list[Any]:
-            return list(
-                await asyncio.gather(*(self._final(p, params, lora) for p, lora in zip(prompts, loras, strict=True)))
-            )
+            finals = (self._final(*request) for request in zip(prompts, every_params, loras, strict=True))
+            return list(await asyncio.gather(*finals))
 
         return self._run(every())
 
@@ -229,5 +229,6 @@ class _InFlight:
         await self.engine._done(self.lora_id)
 
 
-def _per_prompt(lora_request: Any, count: int) -> list[Any]:
-    return list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * count
+def _per_prompt(value: Any, count: int) -> list[Any]:
+    """A per-prompt argument (parameters, ``LoRARequest``) given once for all or as a list, one per prompt."""
+    return list(value) if isinstance(value, (list, tuple)) else [value] * count

@@ -47,8 +47,7 @@ from twinkle.infra import DeviceMesh, get_runtime, remote_class
 from twinkle.module import read_adapter_dir, split_lora_state_dict
 from twinkle.registry import register
 from twinkle.sampler.base import AdapterSpec, Sampler
-from twinkle.sampler.results import Generation, Prompt
-from twinkle.sampler.stopping import StopCriteria
+from twinkle.sampler.results import Generation, GenerationRequest, Prompt
 from twinkle.sampler.token_sampling import requested, topk_count
 from twinkle.sampler.vllm_adapter_files import AdapterFiles
 from twinkle.sampler.vllm_async import AsyncEngine, SampleChunk
@@ -322,42 +321,69 @@ class vLLMSampler(Sampler):
             raise ConfigurationError(
                 "sample_stream needs an engine serving requests as they come: vLLMSampler(..., async_engine=True)"
             )
-        prompts, params, stop = self._prepare(inputs, sampling_params, adapter_name, num_samples, use_base_model)
-        requests, loras = self._engine_requests(prompts)
-        with_logprobs = requested(params.logprobs)
-        outputs = self.llm.stream(requests, vllm_params(params, stop), lora_request=loras)
+        request = self._prepare(inputs, sampling_params, adapter_name, num_samples, use_base_model)
+        prompts, loras = self._engine_requests(request.prompts)
+        with_logprobs = requested(request.params.logprobs)
+        outputs = self.llm.stream(prompts, vllm_params(request.params, request.stop), lora_request=loras)
         return (chunk for index, output in outputs for chunk in chunks(index, output, with_logprobs))
 
-    def _generate(self, prompts: list[Prompt], params: SamplingParams, stop: StopCriteria) -> Generation:
-        requests, loras = self._engine_requests(prompts)
-        outputs = self.llm.generate(requests, vllm_params(params, stop), lora_request=loras, use_tqdm=False)
-        k = topk_count(params.logprobs)
-        generation = Generation(
-            completions=[
-                completion(sample, requested(params.logprobs), k) for output in outputs for sample in output.outputs
-            ]
-        )
-        if requested(params.prompt_logprobs):
-            prompt_k = topk_count(params.prompt_logprobs)
-            per_prompt = [
-                prompt_logprobs(prompt.input_ids, output.prompt_logprobs, prompt_k)
-                for prompt, output in zip(prompts, outputs, strict=True)
-            ]
-            generation.prompt_logprobs = [logprobs for logprobs, _ in per_prompt]
-            generation.topk_prompt_logprobs = [alternatives for _, alternatives in per_prompt] if prompt_k else None
-        return generation
+    def _prepare(
+        self,
+        inputs: Any,
+        sampling_params: SamplingParams | None,
+        adapter_name: AdapterSpec,
+        num_samples: int | None,
+        use_base_model: bool,
+    ) -> GenerationRequest:
+        request = super()._prepare(inputs, sampling_params, adapter_name, num_samples, use_base_model)
+        for index, prompt in enumerate(request.prompts):
+            if prompt.feature.get("pixel_values") is not None:
+                raise InvalidInputError(
+                    f"inputs[{index}] has images, which vLLMSampler does not pass to vLLM yet: use TorchSampler"
+                )
+        return request
+
+    def _generate(self, requests: list[GenerationRequest]) -> list[Generation]:
+        """Every request's prompts as engine requests of one ``generate`` call, each with its request's parameters."""
+        prompts, loras, params = [], [], []
+        for request in requests:
+            request_prompts, request_loras = self._engine_requests(request.prompts)
+            prompts += request_prompts
+            loras += request_loras
+            params += [vllm_params(request.params, request.stop)] * len(request.prompts)
+        outputs = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+        generations, start = [], 0
+        for request in requests:
+            generations.append(_generation(request, outputs[start : start + len(request.prompts)]))
+            start += len(request.prompts)
+        return generations
 
     def _engine_requests(self, prompts: list[Prompt]) -> tuple[list[Any], list[Any]]:
         """vLLM's prompt and ``LoRARequest`` (base rows: the zero adapter when needed) of every prompt."""
         from vllm.inputs import TokensPrompt
 
-        for index, prompt in enumerate(prompts):
-            if prompt.feature.get("pixel_values") is not None:
-                raise InvalidInputError(
-                    f"inputs[{index}] has images, which vLLMSampler does not pass to vLLM yet: use TorchSampler"
-                )
         requests = [TokensPrompt(prompt_token_ids=prompt.input_ids) for prompt in prompts]
         return requests, [self._zero if prompt.adapter is None else self._served[prompt.adapter] for prompt in prompts]
+
+
+def _generation(request: GenerationRequest, outputs: list[Any]) -> Generation:
+    """One request's completions and prompt log-probs from its prompts' ``RequestOutput`` s."""
+    params = request.params
+    k = topk_count(params.logprobs)
+    generation = Generation(
+        completions=[
+            completion(sample, requested(params.logprobs), k) for output in outputs for sample in output.outputs
+        ]
+    )
+    if requested(params.prompt_logprobs):
+        prompt_k = topk_count(params.prompt_logprobs)
+        per_prompt = [
+            prompt_logprobs(prompt.input_ids, output.prompt_logprobs, prompt_k)
+            for prompt, output in zip(request.prompts, outputs, strict=True)
+        ]
+        generation.prompt_logprobs = [logprobs for logprobs, _ in per_prompt]
+        generation.topk_prompt_logprobs = [alternatives for _, alternatives in per_prompt] if prompt_k else None
+    return generation
 
 
 def _shutdown(engine: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
@@ -33,12 +34,14 @@ from twinkle.server.app.schemas.misc import (
     Texts,
 )
 from twinkle.server.contract import request_body
+from twinkle.server.services.batches import SampleRequest
 from twinkle.server.services.convert import from_wire, to_wire
 from twinkle.server.services.engine import PoolTask
 from twinkle.server.services.futures import api_of
 
 router = APIRouter(route_class=NativeRoute)
 api = APIRouter(prefix="/twinkle/v1", route_class=NativeRoute)
+_SAMPLES = itertools.count()  # numbers the queues of samples not on a run
 VERSION = "0.1.0"
 LOOPBACK = "127.0.0.1"
 
@@ -152,7 +155,12 @@ async def sample(request: Request, body: Annotated[Sample, request_body(Sample)]
 
         base_path = None if hold is None else str(hold.path)
         task = PoolTask("sample", (run_id, inputs, params, num_samples, template, base_path))
-        state.engine.submit(run_id or f"sample:{user}", task, on_done, None, 0, (user, "sample"))
+        shared = SampleRequest(
+            inputs, params, run_id=run_id, base_path=base_path, num_samples=num_samples, template=template or {}
+        )
+        # A run's samples keep their place among its calls (synced after its last step); others queue alone.
+        queue = run_id or f"sample:{user}:{next(_SAMPLES)}"
+        state.engine.submit(queue, task, on_done, shared, count_tokens(inputs), (user, "sample"))
     except BaseException:
         release()
         raise

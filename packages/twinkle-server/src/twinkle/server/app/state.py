@@ -11,6 +11,7 @@ from twinkle.server.app.telemetry import Telemetry
 from twinkle.server.auth import sync_config_users
 from twinkle.server.config import ServerConfig
 from twinkle.server.quotas import QuotaChecker
+from twinkle.server.services.batches import batch_kind
 from twinkle.server.services.checkpoints import Checkpoints
 from twinkle.server.services.data import DataHandles
 from twinkle.server.services.engine import Engine, LocalEngine
@@ -60,11 +61,12 @@ class ServerState:
         else:
             pool = ModelPool(config.model_id, config.max_loras, config.max_rank, config.device, config.model_options)
             scheduler = Scheduler(
-                pool.forward_backward_many,
+                pool.run_batch,
                 max_tokens_per_pass=config.max_tokens_per_pass,
                 cycle_wait_s=config.cycle_wait_s,
                 observe=telemetry.observe_job,
                 on_pass=telemetry.observe_pass,
+                batch_kind=batch_kind,
             )
             engine = LocalEngine(pool, scheduler)
         telemetry.bind_engine(engine)

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from twinkle.server.services.batches import SAMPLE, batch_kind
 from twinkle.server.services.futures import api_of
 
 if TYPE_CHECKING:
@@ -52,6 +53,12 @@ class Telemetry:
             ["api"],
             registry=self.registry,
         )
+        self.sample_batch_requests = Histogram(
+            "twinkle_sample_batch_requests",
+            "Sample calls generated together in one batch",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=self.registry,
+        )
         self.queue_depth = Gauge("twinkle_queue_depth", "Calls waiting in the scheduler", registry=self.registry)
         # Grows only; its rate is the model's utilisation (1: never waiting for tenants' calls).
         self.busy = Gauge(
@@ -77,6 +84,10 @@ class Telemetry:
                 self.tokens.labels(user).inc(job.tokens)
 
     def observe_pass(self, jobs: list[Job]) -> None:
+        """A batch the scheduler ran: a shared pass, or sample calls generated together."""
+        if batch_kind(jobs[0].shared) == SAMPLE:
+            self.sample_batch_requests.observe(len(jobs))
+            return
         self.pass_requests.observe(len(jobs))
         if len(jobs) > 1:
             for job in jobs:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from twinkle.model import PassRequest
+from twinkle.server.services.batches import SharedRequest
 from twinkle.server.services.pool import ModelPool, RoutingShape
 from twinkle.server.services.scheduler import Job, Scheduler
 
@@ -76,7 +76,7 @@ class Engine(Protocol):
         key: str,
         task: Task,
         on_done: OnDone,
-        shared: PassRequest | None,
+        shared: SharedRequest | None,
         tokens: int,
         labels: Labels,
         replica: int | None = None,
@@ -133,7 +133,7 @@ class LocalEngine:
         key: str,
         task: Task,
         on_done: OnDone,
-        shared: PassRequest | None,
+        shared: SharedRequest | None,
         tokens: int,
         labels: Labels,
         replica: int | None = None,

@@ -7,7 +7,9 @@ from a tenant's own full-model checkpoint, needs weights of its own: it gets a
 private ``TransformersModel`` (``MegatronModel``; more memory, no batching with others). Sampling
 uses a sampler per base model, synced from the run before each request (LoRA
 tensors only, or every weight for a full-parameter run); which back-end
-(``TorchSampler``, ``vLLMSampler``) is the config's ``sampler`` (:mod:`.samplers`).
+(``TorchSampler``, ``vLLMSampler``) is the config's ``sampler`` (:mod:`.samplers`). Sample calls on the shared
+base's sampler that need no sync (adapters as they are there: Tinker's and OpenAI's) can be generated
+together (:meth:`ModelPool.sample_many`, :mod:`.batches`).
 
 Only the scheduler's worker thread calls into the pool, so no model ever sees
 two calls at once.
@@ -26,6 +28,8 @@ from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.model import AdapterResult, PassRequest, TrainingModel
 from twinkle.module import topk_routers
 from twinkle.registry import build
+from twinkle.sampler import SampleCall, SampleResult
+from twinkle.server.services.batches import SAMPLE, SampleRequest, SharedRequest, batch_kind
 from twinkle.server.services.samplers import build_sampler
 from twinkle.server.services.trainers import model_classes
 
@@ -151,6 +155,42 @@ class ModelPool:
     def forward_backward_many(self, requests: Sequence[PassRequest]) -> list[AdapterResult]:
         return self.model.forward_backward_many(requests)
 
+    def run_batch(self, requests: Sequence[SharedRequest]) -> list[AdapterResult] | list[SampleResult]:
+        """The scheduler's batch of one kind (:func:`.batches.batch_kind`): a shared pass, or sample calls."""
+        if batch_kind(requests[0]) == SAMPLE:
+            return self.sample_many([request for request in requests if isinstance(request, SampleRequest)])
+        return self.forward_backward_many([request for request in requests if not isinstance(request, SampleRequest)])
+
+    def sample_many(self, requests: Sequence[SampleRequest]) -> list[SampleResult]:
+        """Sample calls generated together, a batch per sampler and template; each gets its response or error.
+
+        A call's weights are set up first (its run synced, its saved adapter loaded): a failure there is that
+        call's alone.
+        """
+        results = [SampleResult() for _ in requests]
+        batches: dict[tuple[int, str], tuple[SamplerBackend, Mapping[str, Any] | None, list[Any]]] = {}
+        for result, request in zip(results, requests, strict=True):
+            try:
+                sampler, adapter = self._sampler_of(request)
+            except Exception as exc:  # this call's weights: the others still sample
+                result.error = exc
+                continue
+            call = SampleCall(
+                request.inputs, request.params, adapter, request.num_samples, use_base_model=adapter is None
+            )
+            batch = batches.setdefault((id(sampler), repr(request.template)), (sampler, request.template, []))
+            batch[2].append((result, call))
+        for sampler, template, calls in batches.values():
+            try:
+                if template is not None:
+                    sampler.set_template(self.template(template, sampler.model_path))
+                outcomes = sampler.sample_many([call for _, call in calls])
+            except Exception as exc:
+                outcomes = [SampleResult(error=exc)] * len(calls)
+            for (result, _), outcome in zip(calls, outcomes, strict=True):
+                result.output, result.error = outcome.output, outcome.error
+        return results
+
     def sample(
         self,
         run_id: str | None,
@@ -163,11 +203,15 @@ class ModelPool:
         """Sample with the run's current weights (synced first), a checkpoint's, or the base model's."""
         if isinstance(sampling_params, Mapping):
             sampling_params = SamplingParams.from_dict(dict(sampling_params))
-        sampler, adapter = self._sampler_for(run_id, base_path)
-        sampler.set_template(self.template(template, sampler.model_path))
-        return sampler.sample(
-            inputs, sampling_params, adapter_name=adapter, num_samples=num_samples, use_base_model=adapter is None
+        request = SampleRequest(
+            inputs,
+            sampling_params,
+            run_id=run_id,
+            base_path=base_path,
+            num_samples=num_samples,
+            template=template or {},
         )
+        return self.sample_many([request])[0].unwrap()
 
     def snapshot_adapter(self, run_id: str, name: str) -> None:
         """Serve the run's current LoRA weights as sampler adapter ``name``: later training does not change it."""
@@ -184,9 +228,9 @@ class ModelPool:
         self, name: str, directory: str, inputs: Any, sampling_params: SamplingParams
     ) -> SampleResponse:
         """:meth:`sample_adapter` with a saved LoRA adapter, loaded as sampler adapter ``name`` if it is not yet."""
-        if name not in self._sampler(self.model_path).adapter_names:
-            self.load_sampler_adapter(name, directory)
-        return self.sample_adapter(name, inputs, sampling_params)
+        loaded = name in self._sampler(self.model_path).adapter_names
+        request = SampleRequest(inputs, sampling_params, name, checkpoint=None if loaded else directory)
+        return self.sample_many([request])[0].unwrap()
 
     def drop_sampler_adapter(self, name: str) -> None:
         sampler = self._sampler(self.model_path)
@@ -195,8 +239,7 @@ class ModelPool:
 
     def sample_adapter(self, adapter: str | None, inputs: Any, sampling_params: SamplingParams) -> SampleResponse:
         """Sample with sampler adapter ``adapter`` as it is (no sync), or with the base model (``None``)."""
-        sampler = self._sampler(self.model_path)  # it serves many runs' adapters: the base must be asked for
-        return sampler.sample(inputs, sampling_params, adapter_name=adapter, use_base_model=adapter is None)
+        return self.sample_many([SampleRequest(inputs, sampling_params, adapter)])[0].unwrap()
 
     def template(self, spec: Mapping[str, Any] | None, model_path: str | None = None) -> Any:
         """A registered template from ``{"name", "kwargs"}`` for ``model_path`` (default: the base model's)."""
@@ -207,6 +250,15 @@ class ModelPool:
         for sampler in self._samplers.values():
             sampler.close()
         self._samplers.clear()
+
+    def _sampler_of(self, request: SampleRequest) -> tuple[SamplerBackend, str | None]:
+        """The request's sampler and adapter, its weights set up: its run's, a checkpoint's, or the shared base's."""
+        if request.run_id is not None or request.base_path is not None:
+            return self._sampler_for(request.run_id, request.base_path)
+        if request.checkpoint is not None:
+            assert request.adapter_name is not None  # a saved adapter is loaded under the name it samples with
+            self.load_sampler_adapter(request.adapter_name, request.checkpoint)
+        return self._sampler(self.model_path), request.adapter_name
 
     def _sampler_for(self, run_id: str | None, base_path: str | None) -> tuple[SamplerBackend, str | None]:
         """The sampler holding the right base weights, synced with the run; and the adapter to sample with."""

@@ -9,6 +9,8 @@ worker runs in cycles, as Tinker's own service does:
    0 never batches: each pass takes one request). A run contributes at most one
    request per pass, so a tenant sending big batches cannot crowd out one
    sending small ones; runs left out by the budget go first in the next cycle.
+   Shared requests of another kind (``batch_kind``: sample calls) form batches
+   of their own the same way, and never wait for anyone.
 2. **Steps.** Then every run whose head is another call (an optimizer step,
    ``save``, ...) runs that call, one per run, in turn.
 
@@ -34,6 +36,8 @@ from twinkle.server.services.expected_runs import PAUSE_S, ExpectedRuns
 from twinkle.utils import get_logger
 
 logger = get_logger(__name__)
+
+TRAINING = "pass"  # the batch kind of training calls, the only kind whose passes wait for tenants on their way back
 
 
 @dataclass
@@ -64,12 +68,14 @@ class Scheduler:
         observe: Callable[[str, Job, float], None] | None = None,
         on_pass: Callable[[list[Job]], None] | None = None,
         cycle_wait_s: float = 0.05,
+        batch_kind: Callable[[Any], str] = lambda request: TRAINING,
     ) -> None:
         if max_tokens_per_pass < 0 or cycle_wait_s < 0:
             raise ValueError(
                 f"max_tokens_per_pass and cycle_wait_s must be >= 0, got {max_tokens_per_pass} and {cycle_wait_s}"
             )
         self._run_shared = run_shared
+        self._batch_kind = batch_kind
         self.max_tokens_per_pass = max_tokens_per_pass
         self.cycle_wait_s = cycle_wait_s
         self._observe = observe or (lambda event, job, seconds: None)
@@ -150,14 +156,20 @@ class Scheduler:
                 self._expected.ran_call(key)
                 return [self._pop(key)]
             shared = self._waiting_keys(shared=True)
-            batch = self._fill_pass(shared)
+            training = [key for key in shared if self._kind(key) == TRAINING]
+            others = self._other_batch(shared)
+            if others and (not training or shared[0] not in training):  # first in turn
+                return self._batch_of(others)
+            batch = self._fill_pass(training)
             if batch:
-                awaited = self._awaited(shared, batch)
+                awaited = self._awaited(training, batch)
                 if not awaited:
-                    self._step_due = True
                     self._expected.trained(batch)
-                    return [self._pop(key) for key in batch]
-                self._stepping.extend(key for key in awaited if key in self._queues)  # their steps
+                    return self._batch_of(batch)
+                steps = [key for key in awaited if key in self._queues and self._queues[key][0].shared is None]
+                self._stepping.extend(steps)  # their steps (a shared call of theirs joins its own kind's batch)
+                if others and not self._stepping:  # batches of another kind run meanwhile too
+                    return self._batch_of(others)
                 if not self._stepping:
                     started = time.monotonic()
                     self._cond.wait(self._expected.wait_left(awaited))
@@ -176,6 +188,20 @@ class Scheduler:
     def _waiting_keys(self, shared: bool) -> list[str]:
         """The runs, in turn order, whose head job is (``shared``) or is not a shareable training call."""
         return [key for key in self._turn if (self._queues[key][0].shared is not None) == shared]
+
+    def _kind(self, key: str) -> str:
+        """The batch kind of the run's head job (a shareable one)."""
+        return self._batch_kind(self._queues[key][0].shared)
+
+    def _other_batch(self, shared: list[str]) -> list[str]:
+        """The next batch of shared calls that are not training (of the first such head's kind; no waiting)."""
+        others = [key for key in shared if self._kind(key) != TRAINING]
+        return self._fill_pass([key for key in others if self._kind(key) == self._kind(others[0])]) if others else []
+
+    def _batch_of(self, keys: list[str]) -> list[Job]:
+        """Pop the batch's jobs; the cycle's step phase comes next."""
+        self._step_due = True
+        return [self._pop(key) for key in keys]
 
     def _fill_pass(self, shared: list[str]) -> list[str]:
         """The runs of the next pass: the first shareable head, then each other that fits the token budget."""

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from twinkle.model import PassRequest
+from twinkle.server.services.batches import SharedRequest
 from twinkle.server.services.engine import Engine, Labels, Task
 from twinkle.server.services.futures import Futures
 
@@ -35,7 +35,7 @@ class Submission:
     queue_key: str
     labels: Labels
     encode: Callable[[Any], bytes]  # the task's result -> the stored reply
-    shared: PassRequest | None = None  # set when the call may join other tenants' shared passes
+    shared: SharedRequest | None = None  # set when the call may join other tenants' (a shared pass, sampled together)
     tokens: int = 0
     replica: int | None = None
 

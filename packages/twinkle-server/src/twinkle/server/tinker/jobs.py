@@ -19,9 +19,9 @@ from functools import partial
 from typing import Any
 
 from twinkle.errors import InvalidInputError
-from twinkle.model import TargetsRequest
 from twinkle.server.app.state import ServerState
 from twinkle.server.services import submissions
+from twinkle.server.services.batches import SharedRequest
 from twinkle.server.services.engine import PoolTask, Task
 from twinkle.server.services.futures import api_method
 from twinkle.server.services.submissions import Submission
@@ -52,7 +52,7 @@ def submit(
     seq_id: int | None = None,
     key: str | None = None,
     tokens: int = 0,
-    shared: TargetsRequest | None = None,
+    shared: SharedRequest | None = None,
     replica: int | None = None,
     finish: Callable[[Any], bytes] | None = None,
     on_failure: Callable[[], None] | None = None,
@@ -64,8 +64,8 @@ def submit(
     the same ``(run_id, seq_id)`` returns the first request's id without running
     again, and the work is released to the engine in ``seq_id`` order. Other
     requests are deduplicated on ``key`` when one is given. With ``shared`` the call may join other tenants'
-    calls in a shared pass. ``finish`` makes the reply from the task's result (default: the result is the
-    reply); ``on_failure`` runs if either fails.
+    calls (a shared pass, or sample calls generated together). ``finish`` makes the reply from the task's
+    result (default: the result is the reply); ``on_failure`` runs if either fails.
     ``settled`` runs once this request is over however it ends (done, failed, cancelled, refused
     here, or a retry of a request already made), e.g. to let go of the checkpoint it reads.
     """

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from tinker import types
 
+from twinkle.data_format import SampleResponse
 from twinkle.errors import InvalidInputError, ResourceNotFoundError
 from twinkle.server.contract import request_body
+from twinkle.server.services.batches import SampleRequest
 from twinkle.server.services.engine import FunctionTask, PoolTask
 from twinkle.server.store.base import Run
 from twinkle.server.tinker import checkpoints, sampling
@@ -21,6 +24,7 @@ from twinkle.server.tinker.replies import json_result
 from twinkle.server.tinker.state import SamplingSession
 
 router = APIRouter(prefix=PREFIX, route_class=TinkerRoute, tags=["tinker"])
+_REQUESTS = itertools.count()  # numbers each sample request's queue
 
 
 def submit_snapshot(caller: Caller, run: Run, sampling_session_seq_id: int, kind: str, seq_id: int | None) -> str:
@@ -107,31 +111,36 @@ async def asample(
         )
     state.quotas.check_sampling(caller.user, len(tokens), 1, params.max_tokens, params.num_samples)
 
-    queue_key, args = f"sample:{session.id}", (prompt, params, body.prompt_logprobs_last_n)
+    # A queue of its own: a session's requests are independent, so the scheduler may batch all of them at once.
+    queue_key = f"sample:{session.id}:{next(_REQUESTS)}"
     replica = engine.replica_of(session.run_id or queue_key)  # a snapshot is in its run's pool; else any will do
-    task, finish, settled = FunctionTask(sampling.sample, (session.adapter, *args)), None, None
+    last_n, checkpoint, settled = body.prompt_logprobs_last_n, None, None
+    adapter = session.adapter
     if session.model_path is not None:  # a saved checkpoint's weights, which must still exist (not expired)
-        adapter = session.adapter
         assert adapter is not None  # a checkpoint's session samples with that checkpoint's adapter
         _, hold = checkpoints.hold(caller, session.model_path)  # its files stay until this request is over
         settled = hold.release
         # Marked once a load succeeded (a deduplicated retry runs and marks nothing); requests sent before
         # then load it too.
-        reload = not caller.tinker.is_loaded(adapter, replica)
-        task = FunctionTask(sampling.sample_checkpoint, (adapter, str(hold.path), reload, *args))
+        if not caller.tinker.is_loaded(adapter, replica):
+            checkpoint = str(hold.path)
+    shared = SampleRequest([prompt], params, adapter, checkpoint)
 
-        def finish(reply: bytes) -> bytes:
+    def finish(response: SampleResponse) -> bytes:
+        if checkpoint is not None:
+            assert adapter is not None
             caller.tinker.mark_loaded(adapter, replica)
-            return reply
+        return sampling.reply(response, params, last_n)
 
     key = None if body.seq_id is None else f"tinker-sample:{session.id}:{body.seq_id}"
     request_id = submit(
         caller,
         "sample",
-        task,
+        FunctionTask(sampling.sample, (shared,)),
         queue_key=queue_key,
         key=key,
         tokens=len(tokens),
+        shared=shared,
         replica=replica,
         finish=finish,
         settled=settled,

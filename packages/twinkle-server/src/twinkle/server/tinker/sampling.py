@@ -10,8 +10,9 @@ from typing import Any, Literal
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
-from twinkle.data_format import SamplingParams
+from twinkle.data_format import SampleResponse, SamplingParams
 from twinkle.errors import InvalidInputError
+from twinkle.server.services.batches import SampleRequest
 from twinkle.server.services.pool import ModelPool
 from twinkle.server.tinker.codec import model_input_from_json
 from twinkle.server.tinker.images import WireImage, expanded
@@ -67,11 +68,13 @@ def sampling_params(request: Any) -> SamplingParams:
     )
 
 
-def sample(
-    pool: ModelPool, adapter: str | None, prompt: dict[str, Any], params: SamplingParams, last_n: int | None
-) -> bytes:
-    """Sample ``prompt`` (a feature: :func:`prompt_feature`) with the sampler's ``adapter`` (None: the base)."""
-    response = pool.sample_adapter(adapter, [prompt], params)
+def sample(pool: ModelPool, request: SampleRequest) -> SampleResponse:
+    """The request alone (a batch of one); the scheduler batches it with other tenants' sample calls."""
+    return pool.sample_many([request])[0].unwrap()
+
+
+def reply(response: SampleResponse, params: SamplingParams, last_n: int | None) -> bytes:
+    """The SDK's reply to a sample request (one prompt, a feature of :func:`prompt_feature`)."""
     sequences = [
         SampledSeq(
             tokens=list(seq.tokens),
@@ -87,21 +90,6 @@ def sample(
         if params.prompt_logprobs is not True and response.topk_prompt_logprobs is not None:
             topk_prompt = _last_n(list(response.topk_prompt_logprobs[0]), last_n, None)
     return proto_result(encode_sample_response(sequences, prompt_logprobs, topk_prompt))
-
-
-def sample_checkpoint(
-    pool: ModelPool,
-    adapter: str,
-    directory: str,
-    reload: bool,
-    prompt: dict[str, Any],
-    params: SamplingParams,
-    last_n: int | None,
-) -> bytes:
-    """:func:`sample` a saved checkpoint's adapter, (re)loaded into this pool's sampler first if ``reload``."""
-    if reload:
-        pool.load_sampler_adapter(adapter, directory)
-    return sample(pool, adapter, prompt, params, last_n)
 
 
 def check_last_n(last_n: int | None, prompt_length: int) -> None:

@@ -30,8 +30,10 @@ from typing import Any
 import psutil
 
 from twinkle.errors import ServerError
-from twinkle.model import AdapterResult, PassRequest
+from twinkle.model import AdapterResult
+from twinkle.sampler import SampleResult
 from twinkle.server.config import ServerConfig
+from twinkle.server.services.batches import SharedRequest, batch_kind
 from twinkle.server.services.engine import Labels, OnDone, PoolTask, Task
 from twinkle.server.services.pool import Templates
 from twinkle.server.services.scheduler import Job, Scheduler
@@ -84,6 +86,7 @@ class ServeEngine:
             "cycle_wait_s": config.cycle_wait_s,
             "observe": observe,
             "on_pass": on_pass,
+            "batch_kind": batch_kind,
         }
         try:
             info = self._start_serve(config)
@@ -147,7 +150,7 @@ class ServeEngine:
         key: str,
         task: Task,
         on_done: OnDone,
-        shared: PassRequest | None,
+        shared: SharedRequest | None,
         tokens: int,
         labels: Labels,
         replica: int | None = None,
@@ -266,7 +269,7 @@ class ServeEngine:
             return
         with self._lock:
             scheduler = Scheduler(  # its calls go to ``replica``, bound on the next line
-                lambda requests: self._forward_backward_many(replica, requests), **self._scheduler_options
+                lambda requests: self._run_batch(replica, requests), **self._scheduler_options
             )
             replica = _Replica(len(self._replicas), replica_id, info["pid"], scheduler)
             self._replicas.append(replica)
@@ -291,8 +294,8 @@ class ServeEngine:
     def _apply(self, replica: _Replica, key: str, task: Task) -> Any:
         return self._get(replica, self._handle.apply.remote(replica.replica_id, task), [key])
 
-    def _forward_backward_many(self, replica: _Replica, requests: list[PassRequest]) -> list[AdapterResult]:
-        response = self._handle.forward_backward_many.remote(replica.replica_id, requests)
+    def _run_batch(self, replica: _Replica, requests: list[SharedRequest]) -> list[AdapterResult] | list[SampleResult]:
+        response = self._handle.run_batch.remote(replica.replica_id, requests)
         return self._get(replica, response, [str(request.adapter_name) for request in requests])
 
     def _get(self, replica: _Replica, response: Any, keys: list[str]) -> Any:

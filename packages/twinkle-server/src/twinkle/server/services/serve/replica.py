@@ -16,7 +16,9 @@ from typing import Any
 
 from ray import serve
 
-from twinkle.model import AdapterResult, PassRequest
+from twinkle.model import AdapterResult
+from twinkle.sampler import SampleResult
+from twinkle.server.services.batches import SharedRequest
 from twinkle.server.services.engine import Task
 from twinkle.server.services.pool import ModelPool
 
@@ -51,8 +53,10 @@ class ModelReplica:
     async def apply(self, replica_id: str, task: Task) -> Any:
         return await self._run(replica_id, task.apply, self.pool)
 
-    async def forward_backward_many(self, replica_id: str, requests: Sequence[PassRequest]) -> list[AdapterResult]:
-        return await self._run(replica_id, self.pool.forward_backward_many, requests)
+    async def run_batch(
+        self, replica_id: str, requests: Sequence[SharedRequest]
+    ) -> list[AdapterResult] | list[SampleResult]:
+        return await self._run(replica_id, self.pool.run_batch, requests)
 
     async def _run(self, replica_id: str, fn: Any, *args: Any) -> Any:
         if replica_id != self.replica_id:  # the router's contract, checked where the state lives
