@@ -8,6 +8,8 @@ when the checkpoint is deleted or expires.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,26 +18,25 @@ from twinkle.data_format import SamplingParams
 from twinkle.errors import InvalidInputError, ResourceNotFoundError
 from twinkle.server.app.calls import CHECKPOINT_SCHEME, checkpoint_reference
 from twinkle.server.app.state import ServerState
+from twinkle.server.services.batches import SampleRequest
 from twinkle.server.services.checkpoints import CheckpointHold
-from twinkle.server.services.engine import PoolTask
 from twinkle.server.store.base import Checkpoint
 
 OWNER = "twinkle"  # ``owned_by`` of the base model; runs and checkpoints are owned by their user
+_REQUESTS = itertools.count()  # numbers each request's queue
 
 
 @dataclass(frozen=True)
 class SamplingTarget:
-    """The weights a request samples with, as the pool method that samples them."""
+    """The weights a request samples with (a :class:`SampleRequest` without its prompts and parameters)."""
 
-    queue_key: str  # the engine queue: the run's own, or the caller's
-    method: str
-    leading_args: tuple[Any, ...]
-    trailing_args: tuple[Any, ...] = ()
+    queue_key: str  # the engine queue: the run's own, or a queue of the request's own
+    weights: SampleRequest
     hold: CheckpointHold | None = None  # a checkpoint's files, kept until the request is over
     adapter: str | None = None  # a checkpoint's sampler adapter (dropped when the checkpoint is removed)
 
-    def task(self, inputs: list[dict[str, Any]], params: SamplingParams) -> PoolTask:
-        return PoolTask(self.method, (*self.leading_args, inputs, params, *self.trailing_args))
+    def request(self, inputs: list[dict[str, Any]], params: SamplingParams) -> SampleRequest:
+        return dataclasses.replace(self.weights, inputs=inputs, params=params)
 
     def release(self) -> None:
         if self.hold is not None:
@@ -49,9 +50,9 @@ def base_model_names(state: ServerState) -> tuple[str, str]:
 
 def resolve(state: ServerState, user: str, model: str) -> SamplingTarget:
     """The caller's weights that ``model`` names; :class:`ResourceNotFoundError` for anything else."""
-    queue_key = f"openai:{user}"
+    queue_key = f"openai:{user}:{next(_REQUESTS)}"  # independent requests: the scheduler may batch them
     if model in base_model_names(state):
-        return SamplingTarget(queue_key, "sample_adapter", (None,))
+        return SamplingTarget(queue_key, SampleRequest(None, None))
     if model.startswith(CHECKPOINT_SCHEME):
         return _checkpoint_target(state, user, model, queue_key)
     run = state.store.get_run(user, model)
@@ -62,7 +63,7 @@ def resolve(state: ServerState, user: str, model: str) -> SamplingTarget:
             f"the model {model!r} is not loaded (its session ended); sample one of its checkpoints "
             f"({CHECKPOINT_SCHEME}{model}/<name>) or resume the run"
         )
-    return SamplingTarget(run.id, "sample", (run.id,), (None, None, None))
+    return SamplingTarget(run.id, SampleRequest(None, None, run_id=run.id, template={}))
 
 
 def list_models(state: ServerState, user: str) -> list[dict[str, Any]]:
@@ -107,9 +108,10 @@ def _checkpoint_target(state: ServerState, user: str, model: str, queue_key: str
                     "on the served base model can be sampled here"
                 )
             adapter = checkpoint_adapter(user, checkpoint)
-            return SamplingTarget(queue_key, "sample_saved_adapter", (adapter, str(directory)), (), hold, adapter)
+            weights = SampleRequest(None, None, adapter_name=adapter, checkpoint=str(directory), keep_loaded=True)
+            return SamplingTarget(queue_key, weights, hold, adapter)
         if (directory / "config.json").is_file():  # a full-parameter checkpoint: a model of its own
-            return SamplingTarget(queue_key, "sample", (None,), (None, None, str(directory)), hold)
+            return SamplingTarget(queue_key, SampleRequest(None, None, base_path=str(directory), template={}), hold)
         raise InvalidInputError(f"{model!r} holds no model weights that can be sampled (an optimizer state only?)")
     except BaseException:
         hold.release()

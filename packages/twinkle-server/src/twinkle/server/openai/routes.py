@@ -31,6 +31,7 @@ from twinkle.server.openai.schemas import (
     OpenAIModelList,
 )
 from twinkle.server.openai.state import OpenAIState
+from twinkle.server.services.engine import PoolTask
 from twinkle.server.services.futures import api_method
 
 PREFIX = "/v1"
@@ -104,7 +105,8 @@ async def _sample(
 
     labels = (user, api_method(API, "chat.completions"))
     tokens = len(inputs[0]["input_ids"])
-    state.engine.submit(target.queue_key, target.task(inputs, params), on_done, None, tokens, labels)
+    request = target.request(inputs, params)
+    state.engine.submit(target.queue_key, PoolTask("sample_one", (request,)), on_done, request, tokens, labels)
     return await done
 
 

@@ -26,7 +26,8 @@ class SampleRequest:
     - ``run_id``: the run's current weights, synced into its sampler first (native calls on a run);
     - ``base_path``: a full-model checkpoint's weights (their own sampler);
     - otherwise the shared base's sampler with its adapter ``adapter_name`` as it is there (``None``: the base
-      model), first (re)loaded from a saved adapter's ``checkpoint`` directory when one is given.
+      model), first (re)loaded from a saved adapter's ``checkpoint`` directory when one is given (with
+      ``keep_loaded``, only if the sampler does not serve ``adapter_name`` yet).
 
     ``template`` is the spec of the template that encodes trajectories and decodes text (``{}``: the default);
     ``None`` keeps the sampler's (token-id prompts: the Tinker and OpenAI APIs).
@@ -36,6 +37,7 @@ class SampleRequest:
     params: SamplingParams | None
     adapter_name: str | None = None
     checkpoint: str | None = None
+    keep_loaded: bool = False
     run_id: str | None = None
     base_path: str | None = None
     num_samples: int | None = None

@@ -7,9 +7,8 @@ from a tenant's own full-model checkpoint, needs weights of its own: it gets a
 private ``TransformersModel`` (``MegatronModel``; more memory, no batching with others). Sampling
 uses a sampler per base model, synced from the run before each request (LoRA
 tensors only, or every weight for a full-parameter run); which back-end
-(``TorchSampler``, ``vLLMSampler``) is the config's ``sampler`` (:mod:`.samplers`). Sample calls on the shared
-base's sampler that need no sync (adapters as they are there: Tinker's and OpenAI's) can be generated
-together (:meth:`ModelPool.sample_many`, :mod:`.batches`).
+(``TorchSampler``, ``vLLMSampler``) is the config's ``sampler`` (:mod:`.samplers`). Sample calls are
+generated together, a batch per sampler and template (:meth:`ModelPool.sample_many`, :mod:`.batches`).
 
 Only the scheduler's worker thread calls into the pool, so no model ever sees
 two calls at once.
@@ -211,7 +210,7 @@ class ModelPool:
             num_samples=num_samples,
             template=template or {},
         )
-        return self.sample_many([request])[0].unwrap()
+        return self.sample_one(request)
 
     def snapshot_adapter(self, run_id: str, name: str) -> None:
         """Serve the run's current LoRA weights as sampler adapter ``name``: later training does not change it."""
@@ -224,22 +223,14 @@ class ModelPool:
         """Serve a saved LoRA adapter directory as sampler adapter ``name``."""
         self._sampler(self.model_path).load_adapter(name, path)
 
-    def sample_saved_adapter(
-        self, name: str, directory: str, inputs: Any, sampling_params: SamplingParams
-    ) -> SampleResponse:
-        """:meth:`sample_adapter` with a saved LoRA adapter, loaded as sampler adapter ``name`` if it is not yet."""
-        loaded = name in self._sampler(self.model_path).adapter_names
-        request = SampleRequest(inputs, sampling_params, name, checkpoint=None if loaded else directory)
-        return self.sample_many([request])[0].unwrap()
-
     def drop_sampler_adapter(self, name: str) -> None:
         sampler = self._sampler(self.model_path)
         if name in sampler.adapter_names:
             sampler.remove_adapter(name)
 
-    def sample_adapter(self, adapter: str | None, inputs: Any, sampling_params: SamplingParams) -> SampleResponse:
-        """Sample with sampler adapter ``adapter`` as it is (no sync), or with the base model (``None``)."""
-        return self.sample_many([SampleRequest(inputs, sampling_params, adapter)])[0].unwrap()
+    def sample_one(self, request: SampleRequest) -> SampleResponse:
+        """One sample call (a batch of one; the scheduler batches such calls of many tenants)."""
+        return self.sample_many([request])[0].unwrap()
 
     def template(self, spec: Mapping[str, Any] | None, model_path: str | None = None) -> Any:
         """A registered template from ``{"name", "kwargs"}`` for ``model_path`` (default: the base model's)."""
@@ -255,10 +246,12 @@ class ModelPool:
         """The request's sampler and adapter, its weights set up: its run's, a checkpoint's, or the shared base's."""
         if request.run_id is not None or request.base_path is not None:
             return self._sampler_for(request.run_id, request.base_path)
+        sampler = self._sampler(self.model_path)
         if request.checkpoint is not None:
             assert request.adapter_name is not None  # a saved adapter is loaded under the name it samples with
-            self.load_sampler_adapter(request.adapter_name, request.checkpoint)
-        return self._sampler(self.model_path), request.adapter_name
+            if not (request.keep_loaded and request.adapter_name in sampler.adapter_names):
+                self.load_sampler_adapter(request.adapter_name, request.checkpoint)
+        return sampler, request.adapter_name
 
     def _sampler_for(self, run_id: str | None, base_path: str | None) -> tuple[SamplerBackend, str | None]:
         """The sampler holding the right base weights, synced with the run; and the adapter to sample with."""

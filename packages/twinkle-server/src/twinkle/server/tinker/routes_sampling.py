@@ -13,7 +13,7 @@ from twinkle.data_format import SampleResponse
 from twinkle.errors import InvalidInputError, ResourceNotFoundError
 from twinkle.server.contract import request_body
 from twinkle.server.services.batches import SampleRequest
-from twinkle.server.services.engine import FunctionTask, PoolTask
+from twinkle.server.services.engine import PoolTask
 from twinkle.server.store.base import Run
 from twinkle.server.tinker import checkpoints, sampling
 from twinkle.server.tinker.http import PREFIX, TinkerRoute, check_base_model, future, reply, tinker_caller
@@ -124,7 +124,7 @@ async def asample(
         # then load it too.
         if not caller.tinker.is_loaded(adapter, replica):
             checkpoint = str(hold.path)
-    shared = SampleRequest([prompt], params, adapter, checkpoint)
+    shared = SampleRequest([prompt], params, adapter_name=adapter, checkpoint=checkpoint)
 
     def finish(response: SampleResponse) -> bytes:
         if checkpoint is not None:
@@ -136,7 +136,7 @@ async def asample(
     request_id = submit(
         caller,
         "sample",
-        FunctionTask(sampling.sample, (shared,)),
+        PoolTask("sample_one", (shared,)),
         queue_key=queue_key,
         key=key,
         tokens=len(tokens),

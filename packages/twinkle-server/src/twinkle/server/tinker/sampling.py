@@ -12,8 +12,6 @@ from tinker.proto import tinker_public_pb2 as pb
 
 from twinkle.data_format import SampleResponse, SamplingParams
 from twinkle.errors import InvalidInputError
-from twinkle.server.services.batches import SampleRequest
-from twinkle.server.services.pool import ModelPool
 from twinkle.server.tinker.codec import model_input_from_json
 from twinkle.server.tinker.images import WireImage, expanded
 from twinkle.server.tinker.replies import proto_result
@@ -66,11 +64,6 @@ def sampling_params(request: Any) -> SamplingParams:
         logprobs=request.topk_sample_logprobs or True,
         prompt_logprobs=topk_prompt or bool(request.prompt_logprobs),
     )
-
-
-def sample(pool: ModelPool, request: SampleRequest) -> SampleResponse:
-    """The request alone (a batch of one); the scheduler batches it with other tenants' sample calls."""
-    return pool.sample_many([request])[0].unwrap()
 
 
 def reply(response: SampleResponse, params: SamplingParams, last_n: int | None) -> bytes:
