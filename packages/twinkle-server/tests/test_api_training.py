@@ -1,7 +1,9 @@
-"""Training through the server equals training in-process, across tenants batched together and restarts."""
+"""Training (and sampling) through the server equals doing it in-process, across tenants batched together and
+restarts."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -248,3 +250,61 @@ def test_a_long_call_done_within_its_wait_answers_its_result_and_a_failed_one_it
         assert "future_id" in post("forward_backward", wait="nan", inputs=_features(0, 2))  # NaN waits for nothing
     assert inline["loss"] == pytest.approx(polled["loss"], abs=1e-6)  # no step between: the same weights
     assert inline.keys() == polled.keys()
+
+
+def _trained_run(client, headers, user):
+    """A run of ``user``'s adapter after one step (so it samples differently from the base model)."""
+    run_id = _new_run(client, headers, user)
+    _call(client, headers, run_id, "set_optimizer", optimizer_cls="AdamW", lr=5e-2)
+    _call(client, headers, run_id, "forward_backward", inputs=_features(len(user), 2))
+    _call(client, headers, run_id, "clip_grad_and_step")
+    return run_id
+
+
+def _sample_batches(client) -> tuple[float, float]:
+    """How many sample batches the server ran so far, and how many sample calls they held."""
+    text = client.get("/metrics").text
+    count, total = (
+        re.search(rf"^twinkle_sample_batch_requests_{name} (\S+)$", text, re.M) for name in ("count", "sum")
+    )
+    assert count is not None and total is not None
+    return float(count[1]), float(total[1])
+
+
+def test_tenants_samples_in_flight_together_are_one_batch_each_as_if_alone(tmp_path):
+    """Greedy samples of two tenants' runs (each synced after its step) and of the base model, sent while the
+    worker is busy, are generated in batches (``/metrics``), each with the tokens and log-probs it gets alone."""
+    client, keys = _start(tmp_path)
+    greedy = {"max_tokens": 6, "temperature": 0.0, "logprobs": True}
+    with client:
+        runs = {user: _trained_run(client, keys[user], user) for user in keys}
+        prompts = [[{"input_ids": [151644, 872, 198, 9707 + index]}] for index in range(4)]
+        requests = [  # each tenant's run twice, and the base model
+            ("ann", {"run_id": runs["ann"], "inputs": prompts[0]}),
+            ("ben", {"run_id": runs["ben"], "inputs": prompts[0]}),
+            ("ann", {"inputs": prompts[1]}),
+            ("ben", {"run_id": runs["ben"], "inputs": prompts[2], "num_samples": 2}),
+            ("ann", {"run_id": runs["ann"], "inputs": prompts[3]}),
+        ]
+        before = _sample_batches(client)
+        busy = {"inputs": [{"input_ids": list(range(1, 400))}] * 4}  # keeps the worker busy while the samples queue
+        reply = client.post(
+            f"{API}/runs/{runs['ann']}/call", headers=keys["ann"], json={"method": "forward_only", "kwargs": busy}
+        )
+        sent = [
+            client.post(f"{API}/sample", headers=keys[user], json={**body, "sampling_params": greedy}).json()
+            for user, body in requests
+        ]
+        together = [_wait(client, keys[user], f["future_id"]) for (user, _), f in zip(requests, sent, strict=True)]
+        if "future_id" in reply.json():
+            _wait(client, keys["ann"], reply.json()["future_id"])
+        batches, calls = (after - first for after, first in zip(_sample_batches(client), before, strict=True))
+        assert calls == len(requests) and batches < calls, (batches, calls)
+        for (user, body), response in zip(requests, together, strict=True):
+            again = client.post(f"{API}/sample", headers=keys[user], json={**body, "sampling_params": greedy}).json()
+            alone = _wait(client, keys[user], again["future_id"])
+            assert [s["tokens"] for s in response["sequences"]] == [s["tokens"] for s in alone["sequences"]]
+            for ours, theirs in zip(response["sequences"], alone["sequences"], strict=True):
+                assert max(abs(a - b) for a, b in zip(ours["logprobs"], theirs["logprobs"], strict=True)) <= 1e-4
+        by_weights = [together[0]["sequences"][0]["logprobs"], together[1]["sequences"][0]["logprobs"]]
+        assert by_weights[0] != by_weights[1], "each tenant's samples come from its own adapter"

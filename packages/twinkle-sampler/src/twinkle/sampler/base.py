@@ -184,6 +184,7 @@ class Sampler(ABC):
         prompts = self._prompts(inputs, adapter_name, use_base_model)
         stop = self._stop_criteria(params)
         self._check_lengths(prompts, params)
+        self._check_prompts(prompts)
         return GenerationRequest(prompts, params, stop)
 
     def close(self) -> None:  # noqa: B027 (optional: most back-ends hold nothing but memory)
@@ -269,6 +270,9 @@ class Sampler(ABC):
                 "per input), or use_base_model=True for the base model"
             )
         return served[0] if served else None
+
+    def _check_prompts(self, prompts: list[Prompt]) -> None:  # noqa: B027 (optional: a back-end's own limits)
+        """Refuse prompts this back-end cannot sample (checked with the rest, before any call of a batch runs)."""
 
     def _check_lengths(self, prompts: list[Prompt], params: SamplingParams) -> None:
         for index, prompt in enumerate(prompts):

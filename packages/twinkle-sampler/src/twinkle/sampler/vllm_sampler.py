@@ -327,21 +327,12 @@ class vLLMSampler(Sampler):
         outputs = self.llm.stream(prompts, vllm_params(request.params, request.stop), lora_request=loras)
         return (chunk for index, output in outputs for chunk in chunks(index, output, with_logprobs))
 
-    def _prepare(
-        self,
-        inputs: Any,
-        sampling_params: SamplingParams | None,
-        adapter_name: AdapterSpec,
-        num_samples: int | None,
-        use_base_model: bool,
-    ) -> GenerationRequest:
-        request = super()._prepare(inputs, sampling_params, adapter_name, num_samples, use_base_model)
-        for index, prompt in enumerate(request.prompts):
+    def _check_prompts(self, prompts: list[Prompt]) -> None:
+        for index, prompt in enumerate(prompts):
             if prompt.feature.get("pixel_values") is not None:
                 raise InvalidInputError(
                     f"inputs[{index}] has images, which vLLMSampler does not pass to vLLM yet: use TorchSampler"
                 )
-        return request
 
     def _generate(self, requests: list[GenerationRequest]) -> list[Generation]:
         """Every request's prompts as engine requests of one ``generate`` call, each with its request's parameters."""
