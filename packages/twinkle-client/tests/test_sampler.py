@@ -1,6 +1,6 @@
 import pytest
 
-from twinkle.data_format import SampledSequence, SampleResponse, SamplingParams
+from twinkle.data_format import SampleCall, SampledSequence, SampleResponse, SamplingParams
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle_client import LoraConfig
 from twinkle_client.checkpoint_engine import CheckpointEngineManager
@@ -53,6 +53,27 @@ def test_a_merged_sync_of_a_full_parameter_model_samples_its_run(client, server)
     CheckpointEngineManager(model, sampler).sync_weights(merge_and_sync=True)
     sampler.sample(PROMPTS)
     assert server.requests("POST", "/sample")[0].body["run_id"] == "run-1"
+
+
+def test_sample_many_sends_every_call_before_waiting_and_keeps_each_calls_error(client, server):
+    """The server generates calls it has queued together, so all are sent first; a call refused by the server or
+    here (an unknown adapter) gets its own error, and the others their responses, in order."""
+    server.pending_polls = 1
+    server.script("POST", "/sample", server.error(400, "InvalidInputError", "prompt too long for this server"))
+    calls = [
+        SampleCall(PROMPTS, SamplingParams(max_tokens=10**6)),
+        SampleCall(PROMPTS[0], SamplingParams(max_tokens=4, seed=1)),
+        SampleCall(PROMPTS, adapter_name="nope"),
+        SampleCall(PROMPTS, SamplingParams(num_samples=2), use_base_model=True),
+    ]
+    results = TorchSampler().sample_many(calls)
+    paths = [seen.path for seen in server.seen if seen.path == "/sample" or seen.path.startswith("/futures/")]
+    assert paths[:3] == ["/sample"] * 3 and "/sample" not in paths[3:]
+    with pytest.raises(InvalidInputError, match="prompt too long for this server"):
+        results[0].unwrap()
+    assert [len(results[index].unwrap().sequences) for index in (1, 3)] == [1, 4]
+    with pytest.raises(InvalidInputError, match="unknown adapter 'nope'"):
+        results[2].unwrap()
 
 
 @pytest.mark.parametrize(

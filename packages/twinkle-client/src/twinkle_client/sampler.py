@@ -6,6 +6,8 @@ current weights; see :mod:`twinkle_client.checkpoint_engine`. Which weights a
 call samples follows the in-process rule: without ``adapter_name``, the one
 adapter synced into this sampler (``sync_weights``), the base model when none
 was, an error when several were; ``use_base_model=True`` asks for the base.
+:meth:`TorchSampler.sample_many` sends several calls at once, which the server
+generates together.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from twinkle.data_format import InputFeature, SampleResponse, SamplingParams, Trajectory
+from twinkle.data_format import InputFeature, SampleCall, SampleResponse, SampleResult, SamplingParams, Trajectory
 from twinkle.errors import InvalidInputError
 from twinkle.utils import get_logger
 from twinkle_client.components import merged_spec
@@ -90,14 +92,42 @@ class TorchSampler:
 
         Adapters and order as in ``twinkle.sampler.Sampler.sample`` (see the module docstring).
         """
-        params = sampling_params if sampling_params is not None else SamplingParams()
+        call = SampleCall(inputs, sampling_params, adapter_name, num_samples, use_base_model)
+        reply, adapter = self._send(call)
+        return self._response(reply, adapter)
+
+    def sample_many(self, calls: Sequence[SampleCall]) -> list[SampleResult]:
+        """Several :meth:`sample` calls sent at once, so the server generates them together; each call gets its
+        response or its error (one refused here or by the server does not stop the others)."""
+        sent: list[tuple[SampleResult, Any, str | None]] = []
+        results = [SampleResult() for _ in calls]
+        for result, call in zip(results, calls, strict=True):
+            try:
+                sent.append((result, *self._send(call)))
+            except Exception as exc:  # this call's problem only
+                result.error = exc
+        for result, reply, adapter in sent:
+            try:
+                result.output = self._response(reply, adapter)
+            except Exception as exc:
+                result.error = exc
+        return results
+
+    def _send(self, call: SampleCall) -> tuple[Any, str | None]:
+        """``POST /sample`` for the call: the server's reply (its future) and the adapter that samples."""
+        params = call.sampling_params if call.sampling_params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidInputError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        inputs = call.inputs
         prompts = [inputs] if isinstance(inputs, Mapping) else list(inputs)
-        adapter = self._adapter_for(adapter_name, use_base_model)
+        adapter = self._adapter_for(call.adapter_name, call.use_base_model)
         run_id = self._run_for(adapter) if adapter is not None else self._merged_run
         base_model = self.model_id if run_id is None and self.model_id.startswith(CHECKPOINT_SCHEME) else None
-        response = sample_request(self._client, prompts, params, run_id, num_samples, self._template, base_model)
+        body = sample_body(prompts, params, run_id, call.num_samples, self._template, base_model)
+        return self._client.request("POST", "/sample", body), adapter
+
+    def _response(self, reply: Any, adapter: str | None) -> SampleResponse:
+        response = sample_response(self._client, reply)
         for sequence in response.sequences:  # the server knows the run; the user knows the adapter's name
             sequence.adapter_name = adapter
         return response
@@ -154,6 +184,19 @@ def sample_request(
     base_model: str | None = None,
 ) -> SampleResponse:
     """``POST /sample`` and wait for the completions (``base_model``: a checkpoint to sample without a run)."""
+    body = sample_body(inputs, params, run_id, num_samples, template, base_model)
+    return sample_response(client, client.request("POST", "/sample", body))
+
+
+def sample_body(
+    inputs: list[Any],
+    params: SamplingParams,
+    run_id: str | None,
+    num_samples: int | None = None,
+    template: dict[str, Any] | None = None,
+    base_model: str | None = None,
+) -> dict[str, Any]:
+    """The body of ``POST /sample``."""
     body: dict[str, Any] = {
         "inputs": images_by_value(inputs),  # a trajectory's images as data URIs
         "sampling_params": params.to_dict(),
@@ -165,5 +208,10 @@ def sample_request(
         body["template"] = template
     if base_model is not None:
         body["base_model"] = base_model
-    result = client.resolve(client.request("POST", "/sample", body))
+    return body
+
+
+def sample_response(client: TwinkleClient, reply: Any) -> SampleResponse:
+    """The completions of a ``POST /sample`` reply (its future waited for)."""
+    result = client.resolve(reply)
     return result if isinstance(result, SampleResponse) else SampleResponse.from_dict(result)

@@ -26,7 +26,15 @@ from twinkle.data_format.message import (
     validate_trajectory,
 )
 from twinkle.data_format.output import LossOutput, ModelOutput
-from twinkle.data_format.sampling import SampledSequence, SampleResponse, SamplingParams, StopReason, prompt_major
+from twinkle.data_format.sampling import (
+    SampleCall,
+    SampledSequence,
+    SampleResponse,
+    SampleResult,
+    SamplingParams,
+    StopReason,
+    prompt_major,
+)
 from twinkle.data_format.serde import Serializable
 
 __all__ = [
@@ -38,7 +46,9 @@ __all__ = [
     "LossOutput",
     "Message",
     "ModelOutput",
+    "SampleCall",
     "SampleResponse",
+    "SampleResult",
     "SampledSequence",
     "SamplingParams",
     "Serializable",

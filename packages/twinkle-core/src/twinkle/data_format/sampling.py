@@ -1,4 +1,5 @@
-"""Sampling requests and results: :class:`SamplingParams`, :class:`SampledSequence`, :class:`SampleResponse`."""
+"""Sampling requests and results: :class:`SamplingParams`, :class:`SampledSequence`, :class:`SampleResponse`, and
+:class:`SampleCall` / :class:`SampleResult` (one call of several sampled together: ``Sampler.sample_many``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from twinkle.data_format.input_feature import InputFeature
+from twinkle.data_format.message import Trajectory
 from twinkle.data_format.serde import Serializable
 from twinkle.errors import InvalidInputError
 
@@ -171,3 +173,32 @@ def _is_int(value: Any) -> bool:
 
 def _is_num(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SampleCall:
+    """The arguments of one ``Sampler.sample`` call, for ``Sampler.sample_many`` (which samples several together).
+
+    ``adapter_name`` is a name, ``None``, or one entry per input (in-process samplers; a remote one takes one).
+    """
+
+    inputs: InputFeature | Trajectory | Sequence[InputFeature | Trajectory]
+    sampling_params: SamplingParams | None = None
+    adapter_name: str | Sequence[str | None] | None = None
+    num_samples: int | None = None
+    use_base_model: bool = False
+
+
+@dataclass
+class SampleResult:
+    """What one call of ``Sampler.sample_many`` got: its response, or the error that stopped it."""
+
+    output: SampleResponse | None = None
+    error: Exception | None = None
+
+    def unwrap(self) -> SampleResponse:
+        """The response, or the call's error raised."""
+        if self.error is not None:
+            raise self.error
+        assert self.output is not None  # a call without an error always has its response
+        return self.output

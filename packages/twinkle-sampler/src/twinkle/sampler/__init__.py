@@ -4,8 +4,8 @@
 (extra ``twinkle-sampler[vllm]``) serves the same interface from vLLM on GPUs.
 """
 
-from twinkle.sampler.base import SampleCall, Sampler
-from twinkle.sampler.results import SampleResult
+from twinkle.data_format import SampleCall, SampleResult  # sample_many's call and result, as the client has them
+from twinkle.sampler.base import Sampler
 from twinkle.sampler.torch_sampler import TorchSampler
 from twinkle.sampler.vllm_sampler import vLLMSampler
 

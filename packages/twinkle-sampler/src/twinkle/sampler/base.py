@@ -12,31 +12,27 @@ import dataclasses
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from twinkle.data_format import InputFeature, SampleResponse, SamplingParams, Trajectory, validate_input_feature
+from twinkle.data_format import (
+    InputFeature,
+    SampleCall,
+    SampleResponse,
+    SampleResult,
+    SamplingParams,
+    Trajectory,
+    validate_input_feature,
+)
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.registry import build
-from twinkle.sampler.results import Generation, GenerationRequest, Prompt, SampleResult, build_response
+from twinkle.sampler.results import Generation, GenerationRequest, Prompt, build_response
 from twinkle.sampler.stopping import StopCriteria
 
 AdapterSpec = str | None | Sequence[str | None]
-
-
-@dataclass(frozen=True)
-class SampleCall:
-    """The arguments of one :meth:`Sampler.sample` call, for :meth:`Sampler.sample_many`."""
-
-    inputs: InputFeature | Trajectory | Sequence[InputFeature | Trajectory]
-    sampling_params: SamplingParams | None = None
-    adapter_name: AdapterSpec = None
-    num_samples: int | None = None
-    use_base_model: bool = False
 
 
 class Sampler(ABC):

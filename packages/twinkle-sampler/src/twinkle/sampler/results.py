@@ -79,21 +79,6 @@ class GenerationRequest:
         return len(self.prompts) * self.params.num_samples
 
 
-@dataclass
-class SampleResult:
-    """What one call of :meth:`~twinkle.sampler.Sampler.sample_many` got: its response, or the error that stopped it."""
-
-    output: SampleResponse | None = None
-    error: Exception | None = None
-
-    def unwrap(self) -> SampleResponse:
-        """The response, or the call's error raised."""
-        if self.error is not None:
-            raise self.error
-        assert self.output is not None  # a call without an error always has its response
-        return self.output
-
-
 def build_response(prompts: list[Prompt], generation: Generation, stop: StopCriteria) -> SampleResponse:
     """Attach text, the conversation and a ready-to-train feature to every completion, prompt-major.
 
