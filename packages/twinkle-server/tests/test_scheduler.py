@@ -145,6 +145,23 @@ def test_shared_calls_of_another_kind_batch_apart_from_training():
     assert recorder.passes == [["a:0", "b:0", "c:0"], ["s:0", "s:1", "s:2", "s:3"]]
 
 
+def test_a_sample_batch_takes_each_queue_in_turn_within_its_budget():
+    """a sends 5 sample calls at once (one queue, in order), b one: the batch takes a call of each queue per
+    round until its budget (40 tokens, 10 each) is spent, so a's calls batch together without crowding out
+    b's; the rest go in the next batch. With a budget of 0 every call runs alone."""
+    for budget, expected in (
+        (40, [["a:0", "b:0", "a:1", "a:2"], ["a:3", "a:4"]]),
+        (0, [["a:0"], ["b:0"], ["a:1"], ["a:2"], ["a:3"], ["a:4"]]),
+    ):
+        recorder = Recorder()
+        scheduler, gate = _blocked_scheduler(recorder.run_shared, batch_kind=_kind, batch_budgets={"sample": budget})
+        for run, step in [("a", step) for step in range(5)] + [("b", 0)]:
+            scheduler.submit(Job(run, lambda: None, lambda result, error: None, shared=Sample(run, step), tokens=10))
+        gate.set()
+        _drain(scheduler, "ab")
+        assert recorder.passes == expected, budget
+
+
 def test_a_sample_batch_runs_while_a_pass_waits_for_tenants():
     """a is back for its next pass, which waits (up to 5 s) for b, its partner of the last pass: a sample call
     arriving meanwhile runs at once instead of queueing behind it."""

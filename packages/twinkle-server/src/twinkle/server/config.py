@@ -84,6 +84,10 @@ class ServerConfig:
     # together up to this many input tokens (a single call bigger than it still runs, alone). 0 never
     # batches tenants together: every pass trains one request (for comparison, or strict isolation).
     max_tokens_per_pass: int = 32768
+    # Budget of one batch of sample calls generated together, in token slots ((prompts + max_tokens) × samples
+    # of each call, what its rows hold at most): it bounds how long a batch holds the model, and so how long
+    # other calls wait behind it. Raise it on a GPU, where a decode step costs about the same for many rows.
+    max_tokens_per_sample_batch: int = 8192
     # How long (idle) a shared pass may wait for the tenants of recent passes to send their next training
     # call (they are between round trips after their optimizer step), so that passes fill and tenants stay
     # in step. A tenant training alone never waits; 0 never waits.
@@ -163,6 +167,7 @@ _TOP: dict[str, type] = {
     "sampler": str,
     "sampler_args": dict,
     "max_tokens_per_pass": int,
+    "max_tokens_per_sample_batch": int,
     "cycle_wait_s": float,
     "session_timeout_s": float,
     "checkpoint_sweep_interval_s": float,
@@ -255,6 +260,11 @@ def _problems(data: dict[str, Any], base_dir: Path) -> list[str]:
     if merged["max_tokens_per_pass"] < 0:
         problems.append(
             f"max_tokens_per_pass: must be >= 0 (0 never batches tenants together), got {merged['max_tokens_per_pass']}"
+        )
+    if merged["max_tokens_per_sample_batch"] < 0:
+        problems.append(
+            "max_tokens_per_sample_batch: must be >= 0 (0 samples one call at a time), got "
+            f"{merged['max_tokens_per_sample_batch']}"
         )
     if merged["cycle_wait_s"] < 0:
         problems.append(f"cycle_wait_s: must be >= 0 (0 never waits for a pass to fill), got {merged['cycle_wait_s']}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
@@ -34,14 +33,13 @@ from twinkle.server.app.schemas.misc import (
     Texts,
 )
 from twinkle.server.contract import request_body
-from twinkle.server.services.batches import SampleRequest
+from twinkle.server.services.batches import SampleRequest, sample_slots
 from twinkle.server.services.convert import from_wire, to_wire
 from twinkle.server.services.engine import PoolTask
 from twinkle.server.services.futures import api_of
 
 router = APIRouter(route_class=NativeRoute)
 api = APIRouter(prefix="/twinkle/v1", route_class=NativeRoute)
-_SAMPLES = itertools.count()  # numbers the queues of samples not on a run
 VERSION = "0.1.0"
 LOOPBACK = "127.0.0.1"
 
@@ -158,9 +156,9 @@ async def sample(request: Request, body: Annotated[Sample, request_body(Sample)]
         shared = SampleRequest(
             inputs, params, run_id=run_id, base_path=base_path, num_samples=num_samples, template=template or {}
         )
-        # A run's samples keep their place among its calls (synced after its last step); others queue alone.
-        queue = run_id or f"sample:{user}:{next(_SAMPLES)}"
-        state.engine.submit(queue, task, on_done, shared, count_tokens(inputs), (user, "sample"))
+        # A run's samples keep their place among its calls (synced after its last step).
+        slots = sample_slots(count_tokens(inputs), n_prompts, defaults.max_tokens, num_samples or defaults.num_samples)
+        state.engine.submit(run_id or f"sample:{user}", task, on_done, shared, slots, (user, "sample"))
     except BaseException:
         release()
         raise

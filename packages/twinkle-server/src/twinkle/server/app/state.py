@@ -11,7 +11,7 @@ from twinkle.server.app.telemetry import Telemetry
 from twinkle.server.auth import sync_config_users
 from twinkle.server.config import ServerConfig
 from twinkle.server.quotas import QuotaChecker
-from twinkle.server.services.batches import batch_kind
+from twinkle.server.services.batches import SAMPLE, batch_kind
 from twinkle.server.services.checkpoints import Checkpoints
 from twinkle.server.services.data import DataHandles
 from twinkle.server.services.engine import Engine, LocalEngine
@@ -63,6 +63,7 @@ class ServerState:
             scheduler = Scheduler(
                 pool.run_batch,
                 max_tokens_per_pass=config.max_tokens_per_pass,
+                batch_budgets={SAMPLE: config.max_tokens_per_sample_batch},
                 cycle_wait_s=config.cycle_wait_s,
                 observe=telemetry.observe_job,
                 on_pass=telemetry.observe_pass,

@@ -80,7 +80,7 @@ class Telemetry:
         else:
             self.calls.labels(user, method).inc()
             self.latency.labels(user, method).observe(seconds)
-            if job.tokens:
+            if job.tokens and batch_kind(job.shared) != SAMPLE:  # a sample call's are the slots it may fill
                 self.tokens.labels(user).inc(job.tokens)
 
     def observe_pass(self, jobs: list[Job]) -> None:

@@ -9,7 +9,6 @@ when the checkpoint is deleted or expires.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,6 @@ from twinkle.server.services.checkpoints import CheckpointHold
 from twinkle.server.store.base import Checkpoint
 
 OWNER = "twinkle"  # ``owned_by`` of the base model; runs and checkpoints are owned by their user
-_REQUESTS = itertools.count()  # numbers each request's queue
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,7 @@ def base_model_names(state: ServerState) -> tuple[str, str]:
 
 def resolve(state: ServerState, user: str, model: str) -> SamplingTarget:
     """The caller's weights that ``model`` names; :class:`ResourceNotFoundError` for anything else."""
-    queue_key = f"openai:{user}:{next(_REQUESTS)}"  # independent requests: the scheduler may batch them
+    queue_key = f"openai:{user}"  # the user's concurrent requests batch together (scheduler.py)
     if model in base_model_names(state):
         return SamplingTarget(queue_key, SampleRequest(None, None))
     if model.startswith(CHECKPOINT_SCHEME):

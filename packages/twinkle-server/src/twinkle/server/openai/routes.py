@@ -31,6 +31,7 @@ from twinkle.server.openai.schemas import (
     OpenAIModelList,
 )
 from twinkle.server.openai.state import OpenAIState
+from twinkle.server.services.batches import sample_slots
 from twinkle.server.services.engine import PoolTask
 from twinkle.server.services.futures import api_method
 
@@ -104,9 +105,9 @@ async def _sample(
         loop.call_soon_threadsafe(settle, result, error)
 
     labels = (user, api_method(API, "chat.completions"))
-    tokens = len(inputs[0]["input_ids"])
+    slots = sample_slots(len(inputs[0]["input_ids"]), 1, params.max_tokens, params.num_samples)
     request = target.request(inputs, params)
-    state.engine.submit(target.queue_key, PoolTask("sample_one", (request,)), on_done, request, tokens, labels)
+    state.engine.submit(target.queue_key, PoolTask("sample_one", (request,)), on_done, request, slots, labels)
     return await done
 
 

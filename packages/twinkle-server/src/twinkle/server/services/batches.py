@@ -47,6 +47,11 @@ class SampleRequest:
 SharedRequest = PassRequest | SampleRequest
 
 
+def sample_slots(prompt_tokens: int, prompts: int, max_tokens: int, samples: int) -> int:
+    """What a sample call's rows hold at most, in tokens: every sample's prompt and completion (its budget share)."""
+    return (prompt_tokens + prompts * max_tokens) * samples
+
+
 def batch_kind(request: Any) -> str:
     """The batch a request can join: :data:`SAMPLE` for a :class:`SampleRequest`, else a training pass."""
     return SAMPLE if isinstance(request, SampleRequest) else TRAINING

@@ -10,7 +10,10 @@ worker runs in cycles, as Tinker's own service does:
    request per pass, so a tenant sending big batches cannot crowd out one
    sending small ones; runs left out by the budget go first in the next cycle.
    Shared requests of another kind (``batch_kind``: sample calls) form batches
-   of their own the same way, and never wait for anyone.
+   of their own, which never wait for anyone: round by round, the next call of
+   each queue whose head is of that kind, until the kind's budget
+   (``batch_budgets``) is spent. So a tenant's many concurrent calls (one
+   queue) batch together, and each other tenant's calls get as many places.
 2. **Steps.** Then every run whose head is another call (an optimizer step,
    ``save``, ...) runs that call, one per run, in turn.
 
@@ -28,7 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +72,7 @@ class Scheduler:
         on_pass: Callable[[list[Job]], None] | None = None,
         cycle_wait_s: float = 0.05,
         batch_kind: Callable[[Any], str] = lambda request: TRAINING,
+        batch_budgets: Mapping[str, int] | None = None,
     ) -> None:
         if max_tokens_per_pass < 0 or cycle_wait_s < 0:
             raise ValueError(
@@ -76,6 +80,7 @@ class Scheduler:
             )
         self._run_shared = run_shared
         self._batch_kind = batch_kind
+        self._budgets = dict(batch_budgets or {})  # other kinds' token budgets (default: max_tokens_per_pass)
         self.max_tokens_per_pass = max_tokens_per_pass
         self.cycle_wait_s = cycle_wait_s
         self._observe = observe or (lambda event, job, seconds: None)
@@ -157,19 +162,20 @@ class Scheduler:
                 return [self._pop(key)]
             shared = self._waiting_keys(shared=True)
             training = [key for key in shared if self._kind(key) == TRAINING]
-            others = self._other_batch(shared)
-            if others and (not training or shared[0] not in training):  # first in turn
-                return self._batch_of(others)
+            others = [key for key in shared if key not in training]
+            if others and (not training or shared[0] in others):  # first in turn
+                return self._other_batch(others)
             batch = self._fill_pass(training)
             if batch:
                 awaited = self._awaited(training, batch)
                 if not awaited:
                     self._expected.trained(batch)
-                    return self._batch_of(batch)
+                    self._step_due = True
+                    return [self._pop(key) for key in batch]
                 steps = [key for key in awaited if key in self._queues and self._queues[key][0].shared is None]
                 self._stepping.extend(steps)  # their steps (a shared call of theirs joins its own kind's batch)
                 if others and not self._stepping:  # batches of another kind run meanwhile too
-                    return self._batch_of(others)
+                    return self._other_batch(others)
                 if not self._stepping:
                     started = time.monotonic()
                     self._cond.wait(self._expected.wait_left(awaited))
@@ -193,15 +199,27 @@ class Scheduler:
         """The batch kind of the run's head job (a shareable one)."""
         return self._batch_kind(self._queues[key][0].shared)
 
-    def _other_batch(self, shared: list[str]) -> list[str]:
-        """The next batch of shared calls that are not training (of the first such head's kind; no waiting)."""
-        others = [key for key in shared if self._kind(key) != TRAINING]
-        return self._fill_pass([key for key in others if self._kind(key) == self._kind(others[0])]) if others else []
-
-    def _batch_of(self, keys: list[str]) -> list[Job]:
-        """Pop the batch's jobs; the cycle's step phase comes next."""
+    def _other_batch(self, keys: list[str]) -> list[Job]:
+        """Pop a batch of the first of ``keys``' kind (not training): round by round, the next job of each queue
+        whose head is of that kind, within the kind's budget (the first job always); the step phase comes next."""
+        kind = self._kind(keys[0])
+        budget = self.max_tokens_per_pass and self._budgets.get(kind, self.max_tokens_per_pass)  # 0: one per batch
+        jobs: list[Job] = []
+        tokens = 0
+        rounds = [key for key in keys if self._kind(key) == kind]
+        while rounds:
+            for key in list(rounds):
+                queue = self._queues.get(key)
+                if not queue or queue[0].shared is None or self._batch_kind(queue[0].shared) != kind:
+                    rounds.remove(key)
+                    continue
+                if jobs and (budget == 0 or tokens + queue[0].tokens > budget):
+                    rounds.clear()  # full: the rest go first next time
+                    break
+                tokens += queue[0].tokens
+                jobs.append(self._pop(key))
         self._step_due = True
-        return [self._pop(key) for key in keys]
+        return jobs
 
     def _fill_pass(self, shared: list[str]) -> list[str]:
         """The runs of the next pass: the first shareable head, then each other that fits the token budget."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
@@ -12,7 +11,7 @@ from tinker import types
 from twinkle.data_format import SampleResponse
 from twinkle.errors import InvalidInputError, ResourceNotFoundError
 from twinkle.server.contract import request_body
-from twinkle.server.services.batches import SampleRequest
+from twinkle.server.services.batches import SampleRequest, sample_slots
 from twinkle.server.services.engine import PoolTask
 from twinkle.server.store.base import Run
 from twinkle.server.tinker import checkpoints, sampling
@@ -24,7 +23,6 @@ from twinkle.server.tinker.replies import json_result
 from twinkle.server.tinker.state import SamplingSession
 
 router = APIRouter(prefix=PREFIX, route_class=TinkerRoute, tags=["tinker"])
-_REQUESTS = itertools.count()  # numbers each sample request's queue
 
 
 def submit_snapshot(caller: Caller, run: Run, sampling_session_seq_id: int, kind: str, seq_id: int | None) -> str:
@@ -111,8 +109,7 @@ async def asample(
         )
     state.quotas.check_sampling(caller.user, len(tokens), 1, params.max_tokens, params.num_samples)
 
-    # A queue of its own: a session's requests are independent, so the scheduler may batch all of them at once.
-    queue_key = f"sample:{session.id}:{next(_REQUESTS)}"
+    queue_key = f"sample:{session.id}"  # a session's concurrent requests batch together (scheduler.py)
     replica = engine.replica_of(session.run_id or queue_key)  # a snapshot is in its run's pool; else any will do
     last_n, checkpoint, settled = body.prompt_logprobs_last_n, None, None
     adapter = session.adapter
@@ -139,7 +136,7 @@ async def asample(
         PoolTask("sample_one", (shared,)),
         queue_key=queue_key,
         key=key,
-        tokens=len(tokens),
+        tokens=sample_slots(len(tokens), 1, params.max_tokens, params.num_samples),
         shared=shared,
         replica=replica,
         finish=finish,

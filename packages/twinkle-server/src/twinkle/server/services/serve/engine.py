@@ -33,7 +33,7 @@ from twinkle.errors import ServerError
 from twinkle.model import AdapterResult
 from twinkle.sampler import SampleResult
 from twinkle.server.config import ServerConfig
-from twinkle.server.services.batches import SharedRequest, batch_kind
+from twinkle.server.services.batches import SAMPLE, SharedRequest, batch_kind
 from twinkle.server.services.engine import Labels, OnDone, PoolTask, Task
 from twinkle.server.services.pool import Templates
 from twinkle.server.services.scheduler import Job, Scheduler
@@ -83,6 +83,7 @@ class ServeEngine:
         self._known: set[str] = set()
         self._scheduler_options: dict[str, Any] = {
             "max_tokens_per_pass": config.max_tokens_per_pass,
+            "batch_budgets": {SAMPLE: config.max_tokens_per_sample_batch},
             "cycle_wait_s": config.cycle_wait_s,
             "observe": observe,
             "on_pass": on_pass,
