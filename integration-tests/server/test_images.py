@@ -29,7 +29,7 @@ from twinkle.template import Template
 from twinkle_client import init_twinkle_client
 from twinkle_client.http import TwinkleClient
 from twinkle_client.model import TransformersModel
-from twinkle_client.sampler import TorchSampler, sample_request
+from twinkle_client.sampler import TorchSampler, sample_body, sample_request
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_client_cookbooks import final_line, run_script
@@ -217,10 +217,10 @@ def test_image_quotas_refuse_too_many_and_too_large(server, rows):
     prompt = {"messages": trajectory(rows[0])["messages"][:1], "images": [rows[0]["image"]]}
     with TwinkleClient(server.url, server.keys["carol"]) as carol:
         with pytest.raises(QuotaExceededError, match="max_image_bytes of user 'carol' is 100") as large:
-            sample_request(carol, [prompt], SamplingParams(max_tokens=1), None)
+            sample_request(carol, sample_body([prompt], SamplingParams(max_tokens=1), None))
         assert large.value.limit == "max_image_bytes"
         with pytest.raises(QuotaExceededError, match="has 2 images; the quota max_images_per_request") as many:
-            sample_request(carol, [prompt, prompt], SamplingParams(max_tokens=1), None)
+            sample_request(carol, sample_body([prompt, prompt], SamplingParams(max_tokens=1), None))
         assert many.value.limit == "max_images_per_request"
 
 

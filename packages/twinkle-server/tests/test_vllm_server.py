@@ -31,7 +31,7 @@ import yaml  # noqa: E402
 
 from twinkle.data_format import IGNORE_INDEX, SamplingParams, make_input_feature  # noqa: E402
 from twinkle_client.http import TwinkleClient  # noqa: E402
-from twinkle_client.sampler import sample_request  # noqa: E402
+from twinkle_client.sampler import sample_body, sample_request  # noqa: E402
 
 MODEL = "builtin://qwen3-tiny-head32"  # vLLM's CPU attention needs heads >= 32 wide
 ATOL = 1e-5
@@ -170,7 +170,7 @@ def tinker_forward(training: Any, prompt: list[int], tokens: list[int]) -> list[
 def test_native_sampling_of_a_run_gives_its_trainers_logprobs(alice):
     client, run_id = alice
     params = SamplingParams(max_tokens=8, temperature=1.0, seed=11)
-    response = sample_request(client, [{"input_ids": PROMPT}], params, run_id, num_samples=2)
+    response = sample_request(client, sample_body([{"input_ids": PROMPT}], params, run_id, num_samples=2))
     for sequence in response.sequences:
         difference = gap(sequence.logprobs, native_forward(client, run_id, PROMPT, list(sequence.tokens)))
         print(f"native (alice's run): max |dlogp| {difference:.2e}")
@@ -196,7 +196,7 @@ def test_two_tenants_sample_their_own_adapters(alice, bob):
     client, run_id = alice
     training, sampling = bob
     greedy = SamplingParams(max_tokens=8, temperature=0)
-    alices = sample_request(client, [{"input_ids": PROMPT}], greedy, run_id).sequences[0]
+    alices = sample_request(client, sample_body([{"input_ids": PROMPT}], greedy, run_id)).sequences[0]
     tinker_greedy = types.SamplingParams(max_tokens=8, temperature=0.0)
     bobs = sampling.sample(types.ModelInput.from_ints(PROMPT), 1, tinker_greedy).result().sequences[0]
     alice_tokens, bob_tokens = list(alices.tokens), list(bobs.tokens)

@@ -27,7 +27,7 @@ from twinkle_client.components import merged_spec
 from twinkle_client.context import CHECKPOINT_SCHEME, check_base_model, get_client
 from twinkle_client.images import images_by_value
 from twinkle_client.lora import LoraConfig, lora_config_dict
-from twinkle_client.sampler import sample_request
+from twinkle_client.sampler import sample_body, sample_request
 
 logger = get_logger(__name__)
 
@@ -179,7 +179,8 @@ class TransformersModel:
     def generate(self, input_ids: list[int], max_new_tokens: int = 64, adapter_name: str | None = None) -> list[int]:
         """Greedy continuation of one prompt with this adapter: the server's sampler at temperature 0."""
         params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, logprobs=False)
-        response = sample_request(self._client, [{"input_ids": list(input_ids)}], params, self.run_id(adapter_name))
+        body = sample_body([{"input_ids": list(input_ids)}], params, self.run_id(adapter_name))
+        response = sample_request(self._client, body)
         return list(response.sequences[0].tokens)
 
     # ------------------------------------------------------------------ checkpoints

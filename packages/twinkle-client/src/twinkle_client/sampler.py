@@ -174,17 +174,8 @@ class TorchSampler:
 vLLMSampler = TorchSampler  # the in-process name; the server decides the back-end
 
 
-def sample_request(
-    client: TwinkleClient,
-    inputs: list[Any],
-    params: SamplingParams,
-    run_id: str | None,
-    num_samples: int | None = None,
-    template: dict[str, Any] | None = None,
-    base_model: str | None = None,
-) -> SampleResponse:
-    """``POST /sample`` and wait for the completions (``base_model``: a checkpoint to sample without a run)."""
-    body = sample_body(inputs, params, run_id, num_samples, template, base_model)
+def sample_request(client: TwinkleClient, body: dict[str, Any]) -> SampleResponse:
+    """``POST /sample`` (a :func:`sample_body`) and wait for the completions."""
     return sample_response(client, client.request("POST", "/sample", body))
 
 
@@ -196,7 +187,7 @@ def sample_body(
     template: dict[str, Any] | None = None,
     base_model: str | None = None,
 ) -> dict[str, Any]:
-    """The body of ``POST /sample``."""
+    """The body of ``POST /sample`` (``base_model``: a checkpoint to sample without a run)."""
     body: dict[str, Any] = {
         "inputs": images_by_value(inputs),  # a trajectory's images as data URIs
         "sampling_params": params.to_dict(),
