@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
-from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,64 +14,18 @@ import pytest
 from twinkle.server.services.expected_runs import PAUSE_S, REMEMBERED_PASSES
 from twinkle.server.services.scheduler import Job, Scheduler
 
-
-@dataclass(frozen=True)
-class Request:
-    """What a shared job hands to ``run_shared`` (the scheduler treats it as opaque)."""
-
-    run: str
-    step: int
-
-
-class Recorder:
-    """A stand-in for the model: records which requests ran together."""
-
-    def __init__(self) -> None:
-        self.passes: list[list[str]] = []
-
-    def run_shared(self, requests: list[Request]) -> list[SimpleNamespace]:
-        self.passes.append([f"{request.run}:{request.step}" for request in requests])
-        return [SimpleNamespace(output=request.step, error=None) for request in requests]
-
-
-def _shared(run: str, step: int, tokens: int = 10, on_done=lambda result, error: None) -> Job:
-    return Job(run, lambda: None, on_done, shared=Request(run, step), tokens=tokens)
-
-
-def _blocked_scheduler(run_shared, **kwargs) -> tuple[Scheduler, threading.Event]:
-    """A scheduler whose worker is busy until the returned event is set, so jobs queue up meanwhile."""
-    scheduler = Scheduler(run_shared, **kwargs)
-    gate, started = threading.Event(), threading.Event()
-    scheduler.submit(Job("gate", lambda: (started.set(), gate.wait()), lambda result, error: None))
-    started.wait()
-    return scheduler, gate
-
-
-def _drain(scheduler: Scheduler, runs) -> None:
-    """Wait until every job queued so far on ``runs`` is done (each run's queue is FIFO), then stop."""
-    for run in runs:
-        scheduler.call(run, lambda: None, timeout=30)
-    scheduler.stop()
-
-
-def _train(scheduler: Scheduler, run: str, step: int) -> int:
-    """Submit one shared training call and wait for its result, as a tenant's forward_backward does."""
-    done, box = threading.Event(), []
-    scheduler.submit(_shared(run, step, on_done=lambda result, error: (box.append((result, error)), done.set())))
-    assert done.wait(30), f"{run}:{step} was never trained"
-    result, error = box[0]
-    assert error is None
-    return result
+sys.path.insert(0, str(Path(__file__).parent))
+from scheduler_jobs import Recorder, Request, blocked_scheduler, drain, shared_job, train  # beside this file
 
 
 def test_training_steps_of_different_tenants_share_a_pass_in_each_tenants_order():
     recorder = Recorder()
-    scheduler, gate = _blocked_scheduler(recorder.run_shared)
+    scheduler, gate = blocked_scheduler(recorder.run_shared)
     for step in range(3):
         for run in ("a", "b", "c"):
-            scheduler.submit(_shared(run, step))
+            scheduler.submit(shared_job(run, step))
     gate.set()
-    _drain(scheduler, "abc")
+    drain(scheduler, "abc")
     assert recorder.passes == [[f"{run}:{step}" for run in "abc"] for step in range(3)]
 
 
@@ -79,7 +34,7 @@ def test_tenants_stepping_between_training_calls_stay_in_step_and_fill_every_pas
     random as a client between round trips does: every pass holds all 4, at the same step, and the wait for
     a tenant ends when it is back (far sooner than ``cycle_wait_s``)."""
     recorder, runs, steps = Recorder(), ("a", "b", "c", "d"), 12
-    scheduler, gate = _blocked_scheduler(recorder.run_shared, cycle_wait_s=5.0)
+    scheduler, gate = blocked_scheduler(recorder.run_shared, cycle_wait_s=5.0)
     first_submitted = threading.Barrier(len(runs) + 1)
     optimizer_steps: dict[str, list[int]] = {run: [] for run in runs}
     failures: list[BaseException] = []
@@ -88,12 +43,12 @@ def test_tenants_stepping_between_training_calls_stay_in_step_and_fill_every_pas
         rng = random.Random(seed)
         try:
             first = threading.Event()  # the first calls queue behind the gate, so the first pass holds everyone
-            scheduler.submit(_shared(run, 0, on_done=lambda result, error: first.set()))
+            scheduler.submit(shared_job(run, 0, on_done=lambda result, error: first.set()))
             first_submitted.wait()
             assert first.wait(30)
             for step in range(steps):
                 if step > 0:
-                    assert _train(scheduler, run, step) == step
+                    assert train(scheduler, run, step) == step
                 time.sleep(rng.uniform(0, 0.003))
                 scheduler.call(run, lambda step=step: optimizer_steps[run].append(step), timeout=30)
                 time.sleep(rng.uniform(0, 0.003))
@@ -109,76 +64,13 @@ def test_tenants_stepping_between_training_calls_stay_in_step_and_fill_every_pas
     for thread in threads:
         thread.join(60)
     elapsed = time.monotonic() - started
-    _drain(scheduler, runs)
+    drain(scheduler, runs)
     assert failures == []
     assert [sorted(shared_pass) for shared_pass in recorder.passes] == [
         [f"{run}:{step}" for run in runs] for step in range(steps)
     ]
     assert optimizer_steps == {run: list(range(steps)) for run in runs}
     assert elapsed < 4.0, f"{steps} cycles took {elapsed:.1f} s: the waits did not end when the tenants were back"
-
-
-@dataclass(frozen=True)
-class Sample:
-    """A shared request of another batch kind (as the server's sample calls are)."""
-
-    run: str
-    step: int
-
-
-def _kind(request: Request | Sample) -> str:
-    return "sample" if isinstance(request, Sample) else "pass"
-
-
-def test_shared_calls_of_another_kind_batch_apart_from_training():
-    """Sample calls of many queues (a tenant's concurrent calls queue one by one) run in one batch of their own;
-    training calls share passes of theirs; batches go in turn order."""
-    recorder = Recorder()
-    scheduler, gate = _blocked_scheduler(recorder.run_shared, batch_kind=_kind)
-    for run in ("a", "b"):
-        scheduler.submit(_shared(run, 0))
-    for number in range(4):
-        scheduler.submit(Job(f"s{number}", lambda: None, lambda result, error: None, shared=Sample("s", number)))
-    scheduler.submit(_shared("c", 0))
-    gate.set()
-    _drain(scheduler, ["a", "b", "c", "s0", "s1", "s2", "s3"])
-    assert recorder.passes == [["a:0", "b:0", "c:0"], ["s:0", "s:1", "s:2", "s:3"]]
-
-
-def test_a_sample_batch_takes_each_queue_in_turn_within_its_budget():
-    """a sends 5 sample calls at once (one queue, in order), b one: the batch takes a call of each queue per
-    round until its budget (40 tokens, 10 each) is spent, so a's calls batch together without crowding out
-    b's; the rest go in the next batch. With a budget of 0 every call runs alone."""
-    for budget, expected in (
-        (40, [["a:0", "b:0", "a:1", "a:2"], ["a:3", "a:4"]]),
-        (0, [["a:0"], ["b:0"], ["a:1"], ["a:2"], ["a:3"], ["a:4"]]),
-    ):
-        recorder = Recorder()
-        scheduler, gate = _blocked_scheduler(recorder.run_shared, batch_kind=_kind, batch_budgets={"sample": budget})
-        for run, step in [("a", step) for step in range(5)] + [("b", 0)]:
-            scheduler.submit(Job(run, lambda: None, lambda result, error: None, shared=Sample(run, step), tokens=10))
-        gate.set()
-        _drain(scheduler, "ab")
-        assert recorder.passes == expected, budget
-
-
-def test_a_sample_batch_runs_while_a_pass_waits_for_tenants():
-    """a is back for its next pass, which waits (up to 5 s) for b, its partner of the last pass: a sample call
-    arriving meanwhile runs at once instead of queueing behind it."""
-    recorder, sampled, trained = Recorder(), threading.Event(), threading.Event()
-    scheduler, gate = _blocked_scheduler(recorder.run_shared, cycle_wait_s=5.0, batch_kind=_kind)
-    for run in ("a", "b"):
-        scheduler.submit(_shared(run, 0))
-    gate.set()
-    scheduler.submit(_shared("a", 1, on_done=lambda result, error: trained.set()))
-    time.sleep(0.2)  # the pass of a:1 is waiting for b now
-    scheduler.submit(Job("s0", lambda: None, lambda result, error: sampled.set(), shared=Sample("s", 0)))
-    assert sampled.wait(2.0), "the sample call waited behind the training pass"
-    assert not trained.is_set()
-    scheduler.submit(_shared("b", 1))
-    assert trained.wait(30)
-    _drain(scheduler, ["a", "b", "s0"])
-    assert recorder.passes == [["a:0", "b:0"], ["s:0"], ["a:1", "b:1"]]
 
 
 def test_a_tenant_training_alone_never_waits():
@@ -192,10 +84,10 @@ def test_a_tenant_training_alone_never_waits():
     scheduler.call("sampler", lambda: None, timeout=30)  # a run that never trains is nobody to wait for
     started = time.monotonic()
     for step in range(3):
-        assert _train(scheduler, "solo", step) == step
+        assert train(scheduler, "solo", step) == step
         scheduler.call("solo", lambda: None, timeout=30)  # its optimizer step
     elapsed = time.monotonic() - started
-    _drain(scheduler, ["solo"])
+    drain(scheduler, ["solo"])
     assert recorder.passes == [["solo:0"], ["solo:1"], ["solo:2"]]
     assert elapsed < 2.0 and max(waits) < 1.0, f"alone, 3 steps took {elapsed:.2f} s (waits {waits})"
 
@@ -207,17 +99,17 @@ def test_a_pass_waits_for_the_tenants_of_recent_passes_until_they_are_back_or_wa
         if event == "start" and job.shared is not None:
             waits[f"{job.shared.run}:{job.shared.step}"] = seconds
 
-    scheduler, gate = _blocked_scheduler(recorder.run_shared, cycle_wait_s=1.0, observe=observe)
+    scheduler, gate = blocked_scheduler(recorder.run_shared, cycle_wait_s=1.0, observe=observe)
     for run in ("a", "b"):
-        scheduler.submit(_shared(run, 0))
+        scheduler.submit(shared_job(run, 0))
     gate.set()
     trained = threading.Event()
-    scheduler.submit(_shared("a", 1, on_done=lambda result, error: trained.set()))
-    threading.Timer(0.1, lambda: scheduler.submit(_shared("b", 1))).start()
+    scheduler.submit(shared_job("a", 1, on_done=lambda result, error: trained.set()))
+    threading.Timer(0.1, lambda: scheduler.submit(shared_job("b", 1))).start()
     assert trained.wait(30)  # a waited for b, back after 0.1 s
-    assert _train(scheduler, "a", 2) == 2  # b went away: a waits it out once
-    assert _train(scheduler, "a", 3) == 3  # and then no more
-    _drain(scheduler, "ab")
+    assert train(scheduler, "a", 2) == 2  # b went away: a waits it out once
+    assert train(scheduler, "a", 3) == 3  # and then no more
+    drain(scheduler, "ab")
     assert recorder.passes == [["a:0", "b:0"], ["a:1", "b:1"], ["a:2"], ["a:3"]]
     assert 0.1 <= waits["a:1"] < 0.9 and waits["a:2"] >= 1.0 and waits["a:3"] < 0.9, waits
 
@@ -225,19 +117,19 @@ def test_a_pass_waits_for_the_tenants_of_recent_passes_until_they_are_back_or_wa
 def _resume_after_pause(scheduler: Scheduler, c_step: int) -> None:
     """c is back first with its step ``c_step``, a and b (their step 1) 0.1 s and 0.2 s later; then stop."""
     trained = threading.Event()
-    scheduler.submit(_shared("c", c_step, on_done=lambda result, error: trained.set()))
-    threading.Timer(0.1, lambda: scheduler.submit(_shared("a", 1))).start()
-    threading.Timer(0.2, lambda: scheduler.submit(_shared("b", 1))).start()
+    scheduler.submit(shared_job("c", c_step, on_done=lambda result, error: trained.set()))
+    threading.Timer(0.1, lambda: scheduler.submit(shared_job("a", 1))).start()
+    threading.Timer(0.2, lambda: scheduler.submit(shared_job("b", 1))).start()
     assert trained.wait(30)
-    _drain(scheduler, "abc")
+    drain(scheduler, "abc")
 
 
 def test_tenants_resuming_together_after_a_pause_train_in_one_pass():
     """A pause with no training call queued uses up no wait: the first tenant back waits for the others."""
     recorder = Recorder()
-    scheduler, gate = _blocked_scheduler(recorder.run_shared, cycle_wait_s=1.0)
+    scheduler, gate = blocked_scheduler(recorder.run_shared, cycle_wait_s=1.0)
     for run in "abc":
-        scheduler.submit(_shared(run, 0))
+        scheduler.submit(shared_job(run, 0))
     gate.set()
     for run in "abc":
         scheduler.call(run, lambda: None, timeout=30)  # their steps, then a pause
@@ -250,11 +142,11 @@ def test_after_a_pause_tenants_waited_out_before_it_are_waited_for_again():
     """c trained once more than a and b (it was a step behind), waiting them out; after a pause they all
     start again, and the first pass waits for a and b again."""
     recorder = Recorder()
-    scheduler, gate = _blocked_scheduler(recorder.run_shared, cycle_wait_s=0.5)
+    scheduler, gate = blocked_scheduler(recorder.run_shared, cycle_wait_s=0.5)
     for run in "abc":
-        scheduler.submit(_shared(run, 0))
+        scheduler.submit(shared_job(run, 0))
     gate.set()
-    assert _train(scheduler, "c", 1) == 1  # waits a and b out
+    assert train(scheduler, "c", 1) == 1  # waits a and b out
     time.sleep(PAUSE_S + 0.2)
     _resume_after_pause(scheduler, c_step=2)
     assert [sorted(shared_pass) for shared_pass in recorder.passes] == [
@@ -271,15 +163,15 @@ def test_a_tenant_absent_from_the_remembered_passes_is_not_waited_for_after_a_pa
         if event == "start" and job.shared is not None:
             waits.append(seconds)
 
-    scheduler, gate = _blocked_scheduler(recorder.run_shared, cycle_wait_s=0.5, observe=observe)
+    scheduler, gate = blocked_scheduler(recorder.run_shared, cycle_wait_s=0.5, observe=observe)
     for run in ("a", "b"):
-        scheduler.submit(_shared(run, 0))
+        scheduler.submit(shared_job(run, 0))
     gate.set()
     for step in range(1, REMEMBERED_PASSES + 1):  # b went away: the first of these waits it out
-        assert _train(scheduler, "a", step) == step
+        assert train(scheduler, "a", step) == step
     time.sleep(PAUSE_S + 0.2)
-    assert _train(scheduler, "a", REMEMBERED_PASSES + 1) == REMEMBERED_PASSES + 1
-    _drain(scheduler, "ab")
+    assert train(scheduler, "a", REMEMBERED_PASSES + 1) == REMEMBERED_PASSES + 1
+    drain(scheduler, "ab")
     assert waits[2] >= 0.5 and max(waits[3:]) < 0.45, waits  # waits[:2]: the first pass, a and b
 
 
@@ -292,26 +184,24 @@ def test_after_a_pause_tenants_back_wait_for_their_partners_only():
         if event == "start" and job.shared is not None:
             waits[f"{job.shared.run}:{job.shared.step}"] = seconds
 
-    scheduler, gate = _blocked_scheduler(
-        recorder.run_shared, max_tokens_per_pass=100, cycle_wait_s=1.0, observe=observe
-    )
+    scheduler, gate = blocked_scheduler(recorder.run_shared, max_tokens_per_pass=100, cycle_wait_s=1.0, observe=observe)
     for run in "abcd":
-        scheduler.submit(_shared(run, 0, tokens=40))  # the token budget takes two per pass
+        scheduler.submit(shared_job(run, 0, tokens=40))  # the token budget takes two per pass
     gate.set()
     for run in "abcd":
         scheduler.call(run, lambda: None, timeout=30)
     time.sleep(PAUSE_S + 0.2)
     for step in (1, 2):  # and they go on training together, waiting for no one
         done = threading.Event()
-        scheduler.submit(_shared("a", step))
-        scheduler.submit(_shared("b", step, on_done=lambda result, error, done=done: done.set()))
+        scheduler.submit(shared_job("a", step))
+        scheduler.submit(shared_job("b", step, on_done=lambda result, error, done=done: done.set()))
         assert done.wait(30)
     time.sleep(PAUSE_S + 0.2)
     trained = threading.Event()
-    scheduler.submit(_shared("c", 1, on_done=lambda result, error: trained.set()))
-    threading.Timer(0.3, lambda: scheduler.submit(_shared("d", 1))).start()
+    scheduler.submit(shared_job("c", 1, on_done=lambda result, error: trained.set()))
+    threading.Timer(0.3, lambda: scheduler.submit(shared_job("d", 1))).start()
     assert trained.wait(30)
-    _drain(scheduler, "abcd")
+    drain(scheduler, "abcd")
     assert [sorted(shared_pass) for shared_pass in recorder.passes] == [
         ["a:0", "b:0"],
         ["c:0", "d:0"],
@@ -330,14 +220,14 @@ def test_a_pass_waits_for_one_step_of_a_tenant_not_for_what_it_does_after():
         events.append("+".join(f"{request.run}:{request.step}" for request in requests))
         return [SimpleNamespace(output=None, error=None) for _ in requests]
 
-    scheduler, gate = _blocked_scheduler(run_shared, cycle_wait_s=5.0)
-    for job in (_shared("a", 0), _shared("b", 0), _shared("a", 1)):
+    scheduler, gate = blocked_scheduler(run_shared, cycle_wait_s=5.0)
+    for job in (shared_job("a", 0), shared_job("b", 0), shared_job("a", 1)):
         scheduler.submit(job)
     for call in ("b:step", "b:sample"):
         scheduler.submit(Job("b", lambda call=call: events.append(call), lambda result, error: None))
     started = time.monotonic()
     gate.set()
-    _drain(scheduler, "ab")
+    drain(scheduler, "ab")
     assert events == ["a:0+b:0", "b:step", "a:1", "b:sample"]
     assert time.monotonic() - started < 2.5
 
@@ -350,9 +240,9 @@ def test_busy_seconds_count_a_shared_pass_once_and_never_the_idle_time():
         time.sleep(0.15)
         return [SimpleNamespace(output=None, error=None) for _ in requests]
 
-    scheduler, gate = _blocked_scheduler(run_shared)
+    scheduler, gate = blocked_scheduler(run_shared)
     for run in "abc":
-        scheduler.submit(_shared(run, 0))
+        scheduler.submit(shared_job(run, 0))
     gate.set()
     for run in "abc":
         scheduler.call(run, lambda: None, timeout=30)
@@ -366,13 +256,13 @@ def test_busy_seconds_count_a_shared_pass_once_and_never_the_idle_time():
 
 def test_a_tenant_with_big_batches_does_not_starve_one_with_small_batches():
     recorder = Recorder()
-    scheduler, gate = _blocked_scheduler(recorder.run_shared, max_tokens_per_pass=100)
+    scheduler, gate = blocked_scheduler(recorder.run_shared, max_tokens_per_pass=100)
     for step in range(4):
-        scheduler.submit(_shared("big", step, tokens=100))
+        scheduler.submit(shared_job("big", step, tokens=100))
     for step in range(4):
-        scheduler.submit(_shared("small", step, tokens=5))
+        scheduler.submit(shared_job("small", step, tokens=5))
     gate.set()
-    _drain(scheduler, ["big", "small"])
+    drain(scheduler, ["big", "small"])
     order = [name for shared_pass in recorder.passes for name in shared_pass]
     # Over budget together, so they alternate: small never waits behind more than one big batch.
     assert order == [f"{run}:{step}" for step in range(4) for run in ("big", "small")]
@@ -381,37 +271,37 @@ def test_a_tenant_with_big_batches_does_not_starve_one_with_small_batches():
 
 def test_runs_left_out_by_the_token_budget_go_first_in_the_next_pass():
     recorder = Recorder()
-    scheduler, gate = _blocked_scheduler(recorder.run_shared, max_tokens_per_pass=100)
+    scheduler, gate = blocked_scheduler(recorder.run_shared, max_tokens_per_pass=100)
     for step in range(2):
         for run, tokens in (("a", 60), ("b", 60), ("c", 30)):
-            scheduler.submit(_shared(run, step, tokens=tokens))
+            scheduler.submit(shared_job(run, step, tokens=tokens))
     gate.set()
-    _drain(scheduler, "abc")
+    drain(scheduler, "abc")
     assert recorder.passes == [["a:0", "c:0"], ["b:0", "c:1"], ["a:1"], ["b:1"]]
 
 
 def test_zero_token_budget_trains_one_request_per_pass_without_waiting():
     recorder = Recorder()
-    scheduler, gate = _blocked_scheduler(recorder.run_shared, max_tokens_per_pass=0, cycle_wait_s=5.0)
+    scheduler, gate = blocked_scheduler(recorder.run_shared, max_tokens_per_pass=0, cycle_wait_s=5.0)
     for step in range(2):
         for run in ("a", "b"):
-            scheduler.submit(_shared(run, step))
+            scheduler.submit(shared_job(run, step))
     started = time.monotonic()
     gate.set()
-    _drain(scheduler, "ab")
+    drain(scheduler, "ab")
     assert recorder.passes == [["a:0"], ["b:0"], ["a:1"], ["b:1"]]
     assert time.monotonic() - started < 2.0
 
 
 def test_other_calls_keep_their_place_in_the_runs_queue():
     recorder, events = Recorder(), []
-    scheduler, gate = _blocked_scheduler(recorder.run_shared)
-    scheduler.submit(_shared("a", 0))
+    scheduler, gate = blocked_scheduler(recorder.run_shared)
+    scheduler.submit(shared_job("a", 0))
     scheduler.submit(Job("a", lambda: events.append("a:step"), lambda result, error: None))
-    scheduler.submit(_shared("a", 1))
-    scheduler.submit(_shared("b", 0))
+    scheduler.submit(shared_job("a", 1))
+    scheduler.submit(shared_job("b", 0))
     gate.set()
-    _drain(scheduler, "ab")
+    drain(scheduler, "ab")
     assert recorder.passes == [["a:0", "b:0"], ["a:1"]]
     assert events == ["a:step"]
 
@@ -424,12 +314,12 @@ def test_a_stream_of_training_calls_does_not_hold_back_other_runs_calls():
         events.extend(f"{request.run}:{request.step}" for request in requests)
         return [SimpleNamespace(output=None, error=None) for _ in requests]
 
-    scheduler, gate = _blocked_scheduler(run_shared)
+    scheduler, gate = blocked_scheduler(run_shared)
     for step in range(5):
-        scheduler.submit(_shared("a", step))
+        scheduler.submit(shared_job("a", step))
     scheduler.submit(Job("b", lambda: events.append("b:save"), lambda result, error: None))
     gate.set()
-    _drain(scheduler, "ab")
+    drain(scheduler, "ab")
     assert events == ["a:0", "b:save", "a:1", "a:2", "a:3", "a:4"]
 
 
@@ -442,16 +332,16 @@ def test_results_and_errors_reach_their_own_job():
             for r in requests
         ]
 
-    scheduler, gate = _blocked_scheduler(run_shared)
+    scheduler, gate = blocked_scheduler(run_shared)
     outcomes = {}
 
     def record(run):
         return lambda result, error: outcomes.__setitem__(run, (result, error))
 
     for run in ("good", "bad"):
-        scheduler.submit(_shared(run, 21, on_done=record(run)))
+        scheduler.submit(shared_job(run, 21, on_done=record(run)))
     gate.set()
-    _drain(scheduler, ["good", "bad"])
+    drain(scheduler, ["good", "bad"])
     assert outcomes["good"] == (42, None)
     assert isinstance(outcomes["bad"][1], ValueError)
 
@@ -464,19 +354,19 @@ def test_a_failed_pass_fails_every_job_in_it_and_the_next_pass_runs():
             raise RuntimeError("out of memory")
         return recorder.run_shared(requests)
 
-    scheduler, gate = _blocked_scheduler(run_shared)
+    scheduler, gate = blocked_scheduler(run_shared)
     for run in ("a", "b"):
-        scheduler.submit(_shared(run, 0, on_done=lambda result, error: errors.append(str(error))))
-        scheduler.submit(_shared(run, 1))
+        scheduler.submit(shared_job(run, 0, on_done=lambda result, error: errors.append(str(error))))
+        scheduler.submit(shared_job(run, 1))
     gate.set()
-    _drain(scheduler, "ab")
+    drain(scheduler, "ab")
     assert errors == ["out of memory", "out of memory"]
     assert recorder.passes == [["a:1", "b:1"]]
 
 
 def test_stopping_fails_what_is_still_queued():
     recorder = Recorder()
-    scheduler, gate = _blocked_scheduler(recorder.run_shared)
+    scheduler, gate = blocked_scheduler(recorder.run_shared)
     errors = []
     scheduler.submit(Job("a", lambda: None, lambda result, error: errors.append(error)))
     threading.Timer(0.2, gate.set).start()
@@ -486,12 +376,12 @@ def test_stopping_fails_what_is_still_queued():
 
 def test_stopping_ends_a_pass_waiting_for_tenants_at_once():
     recorder, errors = Recorder(), []
-    scheduler, gate = _blocked_scheduler(recorder.run_shared, cycle_wait_s=30.0)
+    scheduler, gate = blocked_scheduler(recorder.run_shared, cycle_wait_s=30.0)
     for run in ("a", "b"):
-        scheduler.submit(_shared(run, 0))
+        scheduler.submit(shared_job(run, 0))
     gate.set()
     scheduler.call("a", lambda: None, timeout=30)  # after the pass of a and b
-    scheduler.submit(_shared("a", 1, on_done=lambda result, error: errors.append(error)))  # waits for b
+    scheduler.submit(shared_job("a", 1, on_done=lambda result, error: errors.append(error)))  # waits for b
     started = time.monotonic()
     scheduler.stop()
     assert time.monotonic() - started < 5.0
