@@ -1,6 +1,6 @@
 """Under torchrun: MegatronModel trains in each of :data:`LAYOUTS` (TP, PP, DP; on MoE TP, EP, and EP with each).
 
-    torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp,pp,ep-moe,tenants,router-pp OUTPUT_DIR
+    torchrun --nproc_per_node 2 integration-tests/megatron_training.py tp,pp,ep-moe,tenants,schedule-1f1b OUTPUT_DIR
     torchrun --nproc_per_node 4 integration-tests/megatron_training.py tp-ep-moe,pp-ep-moe OUTPUT_DIR
 
 Every weight, then a LoRA adapter (PEFT's "all-linear", which on the MoE builtin adapts the attention, the
@@ -11,6 +11,7 @@ steps. Rank 0 prints ``RESULT`` and the JSON of each layout's and kind's losses,
 the same runs in one process are :func:`run` with no mesh. :data:`TENANT_LAYOUTS`: :func:`train_tenants`;
 :data:`ROUTER_LAYOUTS`: :func:`train_router_loss`; both recompute every decoder layer in backward
 (``gradient_checkpointing``) here and keep their activations in the one-process runs they are compared with.
+:data:`SCHEDULE_LAYOUTS`: :func:`train_schedule` with each pipeline schedule.
 test_megatron_parallel.py runs both and compares.
 """
 
@@ -29,6 +30,7 @@ from resumed_training import steps, train_save_resume
 
 import twinkle
 from twinkle import DeviceMesh
+from twinkle.loss import CrossEntropyLoss
 from twinkle.model import AdapterRequest
 from twinkle.model.megatron import MegatronModel, MultiLoraMegatronModel
 
@@ -67,6 +69,18 @@ ROUTER_LOSS = {"output_router_logits": True, "router_aux_loss_coef": 0.5}  # the
 ROUTER_LAYOUTS = {"router-tp": ("tp",), "router-pp": ("pp",)}
 # The tenants' layouts: at tp_size=2, and with their expert pairs split with the experts (ep_size=2, dp_size=2).
 TENANT_LAYOUTS = {"tenants": ("tp",), "tenants-ep": ("ep", "dp")}
+# pp_size=2 with each pipeline schedule: :func:`train_schedule`.
+SCHEDULE_LAYOUTS = {"schedule-1f1b": "1f1b", "schedule-sequential": "sequential"}
+TRIGGER = 4999  # a micro-batch holding this token makes RaisingLoss raise
+
+
+class RaisingLoss(CrossEntropyLoss):
+    """Cross-entropy, except on a micro-batch that holds the :data:`TRIGGER` token: then it raises."""
+
+    def __call__(self, inputs: Any, outputs: Any, normalizer: Any = None, **loss_inputs: Any) -> Any:
+        if bool((inputs["input_ids"] == TRIGGER).any()):
+            raise RuntimeError("tenant loss exploded")
+        return super().__call__(inputs, outputs, normalizer, **loss_inputs)
 
 
 def label(targets: str | tuple[str, ...]) -> str:
@@ -136,6 +150,41 @@ def train_router_loss(mesh: DeviceMesh | None, recompute: bool = False) -> dict[
     return {"losses": losses, "norms": norms, "aux": model.calculate_metric()["loss/router_aux_loss"]}
 
 
+def train_schedule(mesh: DeviceMesh | None, schedule: str) -> dict[str, Any]:
+    """Tenant ``bad`` (its loss raises in its first micro-batch) and tenant ``x`` in one
+    ``forward_backward_many`` call, one row per micro-batch (passes ``bad``, ``bad``, ``x``, ``x``), 2 steps:
+    ``x``'s losses and norms, ``bad``'s errors, and in which order this rank's first decoder layer ran its
+    forwards (``F``) and backwards (``B``) in the first call."""
+    model = MultiLoraMegatronModel(
+        MODEL, device="cpu", dtype=torch.float64, device_mesh=mesh, max_rank=4, pipeline_schedule=schedule
+    )
+    for seed, name in enumerate(("bad", "x")):
+        model.add_adapter_to_model(name, LoraConfig(r=4, lora_alpha=8, target_modules=ALL_LINEAR), seed=seed)
+    model.set_optimizer("AdamW", adapter_name="x", lr=1e-2)
+    model.set_loss(RaisingLoss(), adapter_name="bad")
+    features = encoded_conversations(MODEL)
+    bad = [{**features[0], "input_ids": [TRIGGER, *features[0]["input_ids"][1:]]}, features[1]]
+    order: list[str] = []
+    layer = model.model.gpt.decoder.layers[0]
+    hook = layer.register_forward_hook(lambda _module, _args, output: _record(order, output[0]))
+    record: dict[str, Any] = {"losses": [], "norms": [], "errors": []}
+    for _step in range(2):
+        results = model.forward_backward_many(
+            [AdapterRequest("bad", bad), AdapterRequest("x", features[2:])], micro_batch_size=1
+        )
+        hook.remove()  # the first call's order only
+        record["errors"].append(str(results[0].error))
+        record["losses"].append(results[1].unwrap().loss)
+        record["norms"].append(model.clip_grad_and_step(adapter_name="x")["grad_norm"])
+    return {**record, "order": "".join(order)}
+
+
+def _record(order: list[str], output_SBH: torch.Tensor) -> None:
+    order.append("F")
+    if output_SBH.requires_grad:
+        output_SBH.register_hook(lambda grad: order.append("B"))
+
+
 def main(layouts: list[str], output_dir: Path) -> None:
     """Each layout in turn, in these processes (megatron-core's groups are rebuilt between layouts)."""
     from megatron.core import parallel_state
@@ -147,6 +196,11 @@ def main(layouts: list[str], output_dir: Path) -> None:
         if layout in ROUTER_LAYOUTS:
             sizes = {f"{dim}_size": world for dim in ROUTER_LAYOUTS[layout]}
             results[layout] = train_router_loss(DeviceMesh.from_sizes(world_size=world, **sizes), recompute=True)
+            parallel_state.destroy_model_parallel()
+            continue
+        if layout in SCHEDULE_LAYOUTS:
+            mesh = DeviceMesh.from_sizes(world_size=world, pp_size=world)
+            results[layout] = train_schedule(mesh, SCHEDULE_LAYOUTS[layout])
             parallel_state.destroy_model_parallel()
             continue
         if layout in TENANT_LAYOUTS:

@@ -15,7 +15,9 @@ transformers (+ PEFT for the adapter) with the one-process checkpoint's logits. 
 together in shared passes (``MultiLoraMegatronModel``, the MoE builtin) at ``tp_size=2``, and at ``ep_size=2``
 over ``dp_size=2`` (each token's adapter travelling with it to its expert's rank), get the losses and gradient
 norms they get in one process (where test_megatron_multi_lora.py shows each equals training alone). The
-router's load-balancing loss at ``tp_size=2`` and at ``pp_size=2`` trains as in one process. The tenants' and
+router's load-balancing loss at ``tp_size=2`` and at ``pp_size=2`` trains as in one process. At ``pp_size=2``
+the first stage runs the next micro-batch before this one's backward (the "1f1b" schedule) and trains exactly
+as with one micro-batch at a time. The tenants' and
 the router loss's parallel runs recompute every decoder layer in backward (``gradient_checkpointing``), so
 recomputation is shown to repeat each layer's collectives (tensor parallelism, the experts' all-to-all, the
 stages' router logits) as its forward ran them; their one-process references keep their activations.
@@ -46,11 +48,13 @@ from megatron_training import (
     MOE_MODEL,
     RESUMED,
     ROUTER_LAYOUTS,
+    SCHEDULE_LAYOUTS,
     TENANT_LAYOUTS,
     label,
     make_model,
     run,
     train_router_loss,
+    train_schedule,
     train_tenants,
     world_of,
 )
@@ -88,7 +92,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     output = tmp_path_factory.mktemp("megatron")
     # One launch per world size: megatron-core's import is most of a run's time.
     pairs = [layout for layout in LAYOUTS if world_of(layout) == 2]
-    results = _torchrun([*pairs, *TENANT_LAYOUTS, *ROUTER_LAYOUTS], output)
+    results = _torchrun([*pairs, *TENANT_LAYOUTS, *ROUTER_LAYOUTS, *SCHEDULE_LAYOUTS], output)
     results |= _torchrun([layout for layout in LAYOUTS if world_of(layout) == 4], output, processes=4)
     for layout in LAYOUTS:
         model_id, _, targets = LAYOUTS[layout]
@@ -184,3 +188,19 @@ def test_the_routers_loss_over_split_layers_equals_one_process(runs, router_loss
     assert split["aux"] == pytest.approx(alone["aux"], **MOE_TOL) and split["aux"] > 0.5
     assert split["losses"] == pytest.approx(alone["losses"], **MOE_TOL)
     assert split["norms"] == pytest.approx(alone["norms"], **MOE_TOL)
+
+
+def test_the_1f1b_schedule_runs_the_next_micro_batch_before_this_ones_backward_and_trains_as_one_process(runs):
+    """At pp_size=2 the first stage runs its layers on micro-batch i+1 before micro-batch i's backward ("1f1b"),
+    or on one micro-batch at a time ("sequential"); a tenant whose loss failed in an earlier micro-batch still
+    sends its later rows through every stage (their loss skipped), so the stages keep exchanging the same
+    tensors. The other tenant trains exactly alike under both schedules, and as in one process."""
+    alone = train_schedule(None, "1f1b")
+    overlapped, sequential = runs["schedule-1f1b"], runs["schedule-sequential"]
+    # passes bad, bad (its loss failed: no backward), x, x
+    assert alone["order"] == sequential["order"] == "FFFBFB"
+    assert overlapped["order"] == "FFFFBB"
+    assert overlapped["losses"] == sequential["losses"] and overlapped["norms"] == sequential["norms"]
+    assert overlapped["losses"] == pytest.approx(alone["losses"], **TOL)
+    assert overlapped["norms"] == pytest.approx(alone["norms"], **TOL)
+    assert overlapped["errors"] == sequential["errors"] == ["tenant loss exploded"] * 2

@@ -190,6 +190,9 @@ def test_what_the_back_end_cannot_do_yet_is_refused(model, tmp_path: Path):
         megatron.MegatronModel("builtin://llama-tiny", device="cpu")
     with pytest.raises(ConfigurationError, match=r"does not take \['kernels'\]"):
         megatron.MegatronModel(MODEL, device="cpu", dtype=DTYPE, kernels=True)
+    schedules = r"pipeline_schedule must be one of \['1f1b', 'sequential'\], got 'gpipe'"
+    with pytest.raises(ConfigurationError, match=schedules):
+        megatron.MegatronModel(MODEL, device="cpu", dtype=DTYPE, pipeline_schedule="gpipe")
 
 
 @pytest.mark.parametrize(

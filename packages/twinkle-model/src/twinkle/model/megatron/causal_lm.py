@@ -2,19 +2,20 @@
 
 The engine runs any causal LM the same way: the decoder's last hidden states (``get_decoder()``), then the
 output layer (``get_output_embeddings()``) on the positions that predict something, in chunks. Here the
-decoder is megatron's embedding and transformer block (tensor-parallel layers, :mod:`.attention`'s core
-attention) and the output layer is vocabulary-parallel: each rank's slice of the logits, gathered whole,
-so the losses see the logits one process would (each chunk's only). Under pipeline parallelism the block
-holds this stage's layers and every stage gets the last stage's hidden states (:mod:`.pipeline`).
+decoder is megatron's embedding and transformer block (:mod:`.decoder`: tensor-parallel layers,
+:mod:`.attention`'s core attention) and the output layer is vocabulary-parallel: each rank's slice of the
+logits, gathered whole, so the losses see the logits one process would (each chunk's only). Under pipeline
+parallelism the block holds this stage's layers and every stage gets the last stage's hidden states
+(:mod:`.pipeline`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -29,13 +30,15 @@ from twinkle.errors import ConfigurationError
 from twinkle.model.megatron.attention import RotaryAttention, RowPositions
 from twinkle.model.megatron.collectives import copy_to_group, gather_last_dim
 from twinkle.model.megatron.conversion import check_supported, head_dim, is_moe, num_experts, to_transformers
+from twinkle.model.megatron.decoder import MegatronDecoder, StageOutput
 from twinkle.model.megatron.lora import FUSED, MegatronLora
 from twinkle.model.megatron.moe import MegatronMoE, RouterLogits
-from twinkle.model.megatron.pipeline import PipelineStage, gather_over_stages, hand_on, receive_hidden
+from twinkle.model.megatron.pipeline import Outbox, PipelineStage
 from twinkle.model.megatron.recompute import checkpoint_layers
 from twinkle.module import RowRouting
 
 WEIGHTS_FILE = "model.safetensors"
+PIPELINE_SCHEDULES = ("1f1b", "sequential")
 
 
 class VocabParallelHead(nn.Module):
@@ -70,78 +73,13 @@ class VocabParallelHead(nn.Module):
         return gather_last_dim(local_NV, lora.group, lora.rank, lora.size)
 
 
-class MegatronDecoder(nn.Module):
-    """``input_ids`` (and the batch's mask and positions) to the last hidden states ``[B, S, H]``."""
-
-    owner: MegatronCausalLM
-
-    def __init__(self, owner: MegatronCausalLM) -> None:
-        super().__init__()
-        object.__setattr__(self, "owner", owner)  # not a submodule: its parameters are the owner's
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        output_router_logits: bool = False,
-        **_: Any,  # use_cache and the like: megatron keeps no cache here
-    ) -> SimpleNamespace:
-        """``last_hidden_state [B, S, H]``; with ``output_router_logits``, every MoE layer's ``[B·S, E]`` too."""
-        owner = self.owner
-        rows, length = input_ids.shape
-        if position_ids is None:
-            position_ids = torch.arange(length, device=input_ids.device).expand(rows, length)
-        owner.positions.position_ids_BS = position_ids
-        stage = owner.stage
-        if output_router_logits:
-            owner.router_logits.logits = []
-        try:
-            if stage.is_first:
-                embedded_SBH = owner.gpt.embedding(input_ids=input_ids, position_ids=position_ids)
-            else:
-                weight = owner.gpt.embedding.word_embeddings.weight
-                embedded_SBH = receive_hidden(weight.new_empty(length, rows, owner.config.hidden_size))
-            mask = block_mask(attention_mask, position_ids)
-            hidden_SBH = owner.gpt.decoder(hidden_states=embedded_SBH, attention_mask=mask)
-            if stage.size > 1:
-                hidden_SBH = hand_on(hidden_SBH, stage)
-            router_logits = owner.router_logits.logits or []
-            if output_router_logits and stage.size > 1:  # every layer's, as one process has them
-                router_logits = gather_over_stages(router_logits, stage)
-        finally:
-            owner.positions.position_ids_BS = None
-            owner.router_logits.logits = None
-        output = SimpleNamespace(last_hidden_state=hidden_SBH.transpose(0, 1))
-        if output_router_logits:  # batch-major, as transformers' MoE layers give them
-            output.router_logits = tuple(
-                logits_NE.view(length, rows, -1).transpose(0, 1).reshape(rows * length, -1)
-                for logits_NE in router_logits
-            )
-        return output
-
-
-def block_mask(attention_mask_BS: torch.Tensor | None, position_ids_BS: torch.Tensor) -> torch.Tensor:
-    """``[B, 1, S, S]``, ``True`` where a query may not see a key: later tokens, padding, other packed sequences.
-
-    Each token always sees itself, so no row of the softmax is empty (a padding query's output is unused).
-    """
-    length = position_ids_BS.shape[1]
-    device = position_ids_BS.device
-    later = torch.ones(length, length, dtype=torch.bool, device=device).triu(1)
-    sequence_BS = (position_ids_BS == 0).cumsum(dim=1)  # packed rows: positions restart at each sequence
-    other = sequence_BS[:, :, None] != sequence_BS[:, None, :]
-    masked = later[None] | other
-    if attention_mask_BS is not None:
-        masked = masked | (attention_mask_BS[:, None, :] == 0)
-    masked = masked & ~torch.eye(length, dtype=torch.bool, device=device)[None]
-    return masked[:, None]
-
-
 class MegatronCausalLM(nn.Module):
     """A megatron-core GPT model of a transformers config, with this rank's tensor-parallel shards.
 
     ``stage``: this rank's pipeline stage (its decoder layers); the whole model when omitted.
+    ``pipeline_schedule``: ``"1f1b"`` (a stage runs its layers on the next micro-batches while later stages
+    are busy with this one, keeping as many micro-batches' activations as stages follow it) or
+    ``"sequential"`` (one micro-batch at a time through every stage: the least memory).
     """
 
     supports_gradient_checkpointing = True  # by :meth:`activation_checkpointing_enable`, as transformers' models
@@ -154,10 +92,19 @@ class MegatronCausalLM(nn.Module):
         rank: int,
         size: int,
         stage: PipelineStage | None = None,
+        pipeline_schedule: str = "1f1b",
     ) -> None:
         super().__init__()
         self.stage = stage or PipelineStage(0, 1, 0)
         check_supported(config, size, self.stage.size)
+        if pipeline_schedule not in PIPELINE_SCHEDULES:
+            raise ConfigurationError(
+                f"pipeline_schedule must be one of {list(PIPELINE_SCHEDULES)}, got {pipeline_schedule!r}"
+            )
+        overlapped = pipeline_schedule == "1f1b"
+        self.passes_ahead = self.stage.size - 1 - self.stage.index if overlapped else 0
+        self.started: deque[StageOutput] = deque()  # passes this stage started ahead (see MegatronDecoder)
+        self.outbox = Outbox()
         self.config = config
         self.group, self.rank, self.size = group, rank, size
         self.positions = RowPositions()

@@ -30,8 +30,8 @@ from twinkle.model.megatron.causal_lm import MegatronCausalLM
 from twinkle.model.megatron.conversion import check_supported, to_megatron, to_transformers
 from twinkle.model.megatron.expert_lora import full_name
 from twinkle.model.megatron.lora import HEAD
-from twinkle.model.megatron.pipeline import names_over_stages
 from twinkle.model.megatron.plan import MegatronParallel
+from twinkle.model.megatron.stage_states import names_over_stages
 from twinkle.model.multi_lora_adapters import as_peft_resolves
 from twinkle.model.parallel import Parallelism
 from twinkle.model.train_state import FULL_MODEL, TrainState
@@ -42,6 +42,8 @@ from twinkle.registry import register
 
 # transformers' options of a MoE model's router loss, which MegatronModel takes too.
 ROUTER = ("output_router_logits", "router_aux_loss_coef")
+# The model options MegatronModel takes besides them (``pipeline_schedule``: see MegatronCausalLM).
+OWN_OPTIONS = ("dtype", "attn_implementation", "pipeline_schedule")
 
 
 @register("model")
@@ -67,7 +69,7 @@ class MegatronModel(TrainingModel):
         unsupported = {
             "kernels": kernels,
             "patches": list(patches),
-            **{key: value for key, value in options.items() if key not in ("dtype", "attn_implementation", *ROUTER)},
+            **{key: value for key, value in options.items() if key not in (*OWN_OPTIONS, *ROUTER)},
         }
         chosen = {key: value for key, value in unsupported.items() if value}
         if chosen:
@@ -78,7 +80,13 @@ class MegatronModel(TrainingModel):
         config = AutoConfig.from_pretrained(self.model_path, **router)
         with torch.random.fork_rng(devices=[]):  # building the layers must not move the data's random stream
             model = MegatronCausalLM(
-                config, options["dtype"], parallel.tp_group, parallel.tp_rank, parallel.tp_size, parallel.stage
+                config,
+                options["dtype"],
+                parallel.tp_group,
+                parallel.tp_rank,
+                parallel.tp_size,
+                parallel.stage,
+                options.get("pipeline_schedule", "1f1b"),
             )
         model.to(device=self.device, dtype=options["dtype"])  # megatron builds its norms in float32 regardless
         source = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=options["dtype"])

@@ -2,18 +2,24 @@
 
 megatron-core builds the layers of this rank's pipeline stage (``TransformerBlock`` asks
 ``parallel_state``); its schedules and its embedding-group all-reduce need CUDA, so the hand-offs are
-our own autograd functions on torch.distributed point-to-point and broadcast, which any backend has:
+our own autograd functions on torch.distributed point-to-point, which any backend has:
 
 - a stage after the first receives the previous stage's hidden states (:func:`receive_hidden`) and
   sends their gradient back in backward;
-- the last stage applies the final norm and *broadcasts* the result to every stage
-  (:func:`hand_on`), so every stage computes the same output layer, log-probs and losses as one
-  process would: the pass engine, losses and metrics run unchanged on every rank;
-- an earlier stage sends its output on and gets that broadcast; in backward it ignores the gradient of
-  the broadcast copy (the last stage back-propagates the same one) and receives its output's gradient
-  from the next stage;
+- the last stage applies the final norm and sends the result to every stage (:func:`send_final`), so
+  every stage computes the same output layer, log-probs and losses as one process would: the pass
+  engine, losses and metrics run unchanged on every rank;
+- an earlier stage sends its output on (:func:`send_on`), later receives the last stage's
+  (:func:`receive_final`; in backward it ignores that copy's gradient, as the last stage back-propagates
+  the same one) and then its output's gradient from the next stage;
 - what the loss needs from every stage's layers (the routers' logits, for the load-balancing loss) is
   gathered onto every stage (:func:`gather_over_stages`); each stage back-propagates its own part.
+
+Sends do not wait for their receiver (:class:`Outbox`), and an earlier stage sends its output on before it
+needs the last stage's, so a stage can run its layers on the next micro-batch while later stages are busy
+with this one: the pass engine's one-forward-one-backward schedule (``passes_ahead``, see
+:class:`.decoder.MegatronDecoder`). Each stream between two ranks (outputs on, gradients back, the final
+hidden states) is received in the order it is sent, whatever the backend (NCCL ignores tags).
 
 The word embeddings (and an untied output layer) are replicated on every stage; only the first
 stage's copies get gradients (the others use them detached), which are then summed over the pipeline
@@ -24,7 +30,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from itertools import accumulate, chain
 from typing import Any
 
 import torch
@@ -66,55 +71,91 @@ class PipelineStage:
         return _LAYER.sub(lambda match: f"decoder.layers.{int(match[1]) + self.first_layer}.", name)
 
 
-def receive_hidden(like: torch.Tensor) -> torch.Tensor:
+# Tags of the three streams between stages (gloo matches on them; NCCL ignores them and needs no more).
+_OUTPUT, _GRADIENT, _FINAL = 1, 2, 3
+
+
+class Outbox:
+    """This rank's sends still in flight: a send returns at once, and its tensor is kept until it arrives."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[dist.Work, torch.Tensor]] = []
+
+    def send(self, tensor: torch.Tensor, destination: int, tag: int) -> None:
+        tensor = tensor.detach().clone(memory_format=torch.contiguous_format)  # nothing may write it in flight
+        self._pending = [(work, kept) for work, kept in self._pending if not work.is_completed()]
+        work = dist.isend(tensor, destination, tag=tag)
+        assert work is not None  # a request of the default group, which this rank belongs to
+        self._pending.append((work, tensor))
+
+    def wait(self) -> None:
+        """Until every send has been received."""
+        for work, _ in self._pending:
+            work.wait()
+        self._pending = []
+
+
+def receive_hidden(like: torch.Tensor, outbox: Outbox) -> torch.Tensor:
     """The previous stage's output (``like``'s shape and dtype); backward sends its gradient back."""
     anchor = torch.zeros((), dtype=like.dtype, device=like.device, requires_grad=True)  # puts it in the graph
     source = parallel_state.get_pipeline_model_parallel_prev_rank()
-    received: torch.Tensor = _Receive.apply(anchor, tuple(like.shape), source)  # type: ignore[no-untyped-call]
+    received: torch.Tensor = _Receive.apply(anchor, tuple(like.shape), source, _OUTPUT, outbox)  # type: ignore[no-untyped-call]
     return received
 
 
-def hand_on(hidden: torch.Tensor, stage: PipelineStage) -> torch.Tensor:
-    """The last stage's output on every stage: sent on from earlier stages, broadcast from the last."""
-    last = parallel_state.get_pipeline_model_parallel_last_rank()
-    if stage.is_last:
-        dist.broadcast(hidden.detach().contiguous(), src=last, group=stage.group)
-        return hidden
+def send_on(hidden: torch.Tensor, outbox: Outbox) -> torch.Tensor:
+    """Send this (not last) stage's output to the next stage; the returned anchor's backward receives its
+    gradient from there. :func:`receive_final` takes the anchor, so backward reaches this stage's layers."""
     after = parallel_state.get_pipeline_model_parallel_next_rank()
-    final: torch.Tensor = _HandOn.apply(hidden, after, last, stage.group)  # type: ignore[no-untyped-call]
+    anchor: torch.Tensor = _SendOn.apply(hidden, after, outbox)  # type: ignore[no-untyped-call]
+    return anchor
+
+
+def receive_final(anchor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The last stage's output (of ``shape``), on a stage before it; ``anchor``: :func:`send_on`'s."""
+    last = parallel_state.get_pipeline_model_parallel_last_rank()
+    final: torch.Tensor = _Receive.apply(anchor, shape, last, _FINAL, None)  # type: ignore[no-untyped-call]
     return final
 
 
+def send_final(hidden: torch.Tensor, stage: PipelineStage, outbox: Outbox) -> torch.Tensor:
+    """The last stage's output, sent to every earlier stage; returned as it is (this stage back-propagates it)."""
+    for rank in dist.get_process_group_ranks(stage.group)[:-1]:  # the group's ranks are the stages in order
+        outbox.send(hidden, rank, _FINAL)
+    return hidden
+
+
 class _Receive(torch.autograd.Function):
+    """A tensor from ``source``; backward sends its gradient back through ``outbox`` (``None``: ignores it)."""
+
     @staticmethod
-    def forward(ctx: Any, anchor: torch.Tensor, shape: tuple[int, ...], source: int) -> torch.Tensor:
+    def forward(
+        ctx: Any, anchor: torch.Tensor, shape: tuple[int, ...], source: int, tag: int, outbox: Outbox | None
+    ) -> torch.Tensor:
         received = torch.empty(shape, dtype=anchor.dtype, device=anchor.device)
-        dist.recv(received, src=source)
-        ctx.source = source
+        dist.recv(received, src=source, tag=tag)
+        ctx.source, ctx.outbox = source, outbox
         return received
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        dist.send(grad.contiguous(), dst=ctx.source)
-        return torch.zeros((), dtype=grad.dtype, device=grad.device), None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
+        if ctx.outbox is not None:
+            ctx.outbox.send(grad, ctx.source, _GRADIENT)
+        return torch.zeros((), dtype=grad.dtype, device=grad.device), None, None, None, None
 
 
-class _HandOn(torch.autograd.Function):
+class _SendOn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, after: int, last: int, group: Any) -> torch.Tensor:
-        dist.send(hidden.detach().contiguous(), dst=after)
-        final = torch.empty_like(hidden)
-        dist.broadcast(final, src=last, group=group)
-        ctx.after = after
-        ctx.save_for_backward(hidden)
-        return final
+    def forward(ctx: Any, hidden: torch.Tensor, after: int, outbox: Outbox) -> torch.Tensor:
+        outbox.send(hidden, after, _OUTPUT)
+        ctx.after, ctx.shape = after, hidden.shape
+        return torch.zeros((), dtype=hidden.dtype, device=hidden.device)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        (hidden,) = ctx.saved_tensors
-        received = torch.empty_like(hidden)
-        dist.recv(received, src=ctx.after)
-        return received, None, None, None
+    def backward(ctx: Any, _anchor_grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        grad = torch.empty(ctx.shape, dtype=_anchor_grad.dtype, device=_anchor_grad.device)
+        dist.recv(grad, src=ctx.after, tag=_GRADIENT)
+        return grad, None, None
 
 
 def gather_over_stages(tensors: list[torch.Tensor], stage: PipelineStage) -> list[torch.Tensor]:
@@ -136,70 +177,3 @@ class _GatherStages(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         return grad[ctx.own], None, None
-
-
-def _gather_objects(value: Any, stage: PipelineStage) -> list[Any]:
-    """Every stage's ``value``, in stage order (a collective over the pipeline group)."""
-    values: list[Any] = [None] * stage.size
-    dist.all_gather_object(values, value, group=stage.group)
-    return values
-
-
-def union_over_stages(tensors: dict[str, Any], stage: PipelineStage) -> dict[str, Any]:
-    """Every stage's named tensors in one dict (on the CPU), stage by stage; replicated names keep the first's."""
-    local = {key: value.detach().cpu() if torch.is_tensor(value) else value for key, value in tensors.items()}
-    union: dict[str, Any] = {}
-    for part in _gather_objects(local, stage):
-        for key, value in part.items():
-            union.setdefault(key, value)
-    return union
-
-
-def names_over_stages(names: list[str], stage: PipelineStage) -> list[str]:
-    """Every stage's names in stage order, each once: the order one process lists them in."""
-    return _model_order([[names] for names in _gather_objects(names, stage)])[0]
-
-
-def optimizer_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: PipelineStage) -> list[list[str]]:
-    """Each parameter group's parameters by their model-wide names, in the optimizer's order."""
-    names = {id(param): stage.global_name(name) for name, param in model.named_parameters()}
-    return [[names[id(param)] for param in group["params"]] for group in optimizer.param_groups]
-
-
-def stitched_optimizer_state(state: dict[str, Any], names: list[list[str]], stage: PipelineStage) -> dict[str, Any]:
-    """Every stage's optimizer state (a ``state_dict()``, tensors whole) numbered as one process numbers it."""
-    parts = _gather_objects((names, state), stage)
-    order = _model_order([part_names for part_names, _ in parts])
-    index = {name: number for number, name in enumerate(chain.from_iterable(order))}
-    moments: dict[int, Any] = {}
-    for part_names, part_state in parts:
-        flat = list(chain.from_iterable(part_names))
-        for local, values in part_state["state"].items():
-            moments.setdefault(index[flat[local]], values)  # replicated weights: the first stage's
-    groups = [
-        {**group, "params": [index[name] for name in order[number]]}
-        for number, group in enumerate(state["param_groups"])
-    ]
-    return {"state": moments, "param_groups": groups}
-
-
-def stage_optimizer_state(state: dict[str, Any], names: list[list[str]], stage: PipelineStage) -> dict[str, Any]:
-    """The inverse of :func:`stitched_optimizer_state`: this stage's entries, numbered as its optimizer does."""
-    order = _model_order(_gather_objects(names, stage))
-    index = {name: number for number, name in enumerate(chain.from_iterable(order))}
-    flat = list(chain.from_iterable(names))
-    moments = {local: state["state"][index[name]] for local, name in enumerate(flat) if index[name] in state["state"]}
-    starts = [0, *accumulate(len(group) for group in names)]
-    groups = [
-        {**group, "params": list(range(starts[number], starts[number + 1]))}
-        for number, group in enumerate(state["param_groups"])
-    ]
-    return {"state": moments, "param_groups": groups}
-
-
-def _model_order(everyone: list[list[list[str]]]) -> list[list[str]]:
-    """Each parameter group's names over every stage (stage by stage, each once): one process's order."""
-    return [
-        list(dict.fromkeys(chain.from_iterable(names[group] for names in everyone)))
-        for group in range(len(everyone[0]))
-    ]

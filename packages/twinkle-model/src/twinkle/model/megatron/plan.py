@@ -34,8 +34,8 @@ from megatron.core import parallel_state, tensor_parallel
 from twinkle.errors import ConfigurationError
 from twinkle.infra import DeviceMesh
 from twinkle.model.megatron.conversion import is_sharded, local_part, whole
-from twinkle.model.megatron.pipeline import (
-    PipelineStage,
+from twinkle.model.megatron.pipeline import PipelineStage
+from twinkle.model.megatron.stage_states import (
     optimizer_names,
     stage_optimizer_state,
     stitched_optimizer_state,

@@ -17,6 +17,9 @@ passes, in eval mode and without autograd: dropout is per model, not per row.
 
 Under data parallelism (one plan per call) every forward runs through
 ``parallel.run`` and every collective happens in the same order on every rank.
+A decoder split into pipeline stages (``MegatronModel``'s, :class:`StagedDecoder`)
+runs a call's passes one forward, one backward: each stage starts its layers on
+later passes before it finishes the current one (:meth:`PassEngine._run_staged`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -31,11 +35,14 @@ import torch
 from twinkle.data_format import FREE_EXPERT
 from twinkle.model.parallel import Parallelism
 from twinkle.model.passes.logps import (
+    StagedDecoder,
     TokenLogpsResult,
     decode,
     inner_model,
     label_logps,
     logps_kernel,
+    staged_decoder,
+    start_decode,
     target_row_logps,
 )
 from twinkle.model.passes.loss_inputs import check_micro_batch_size
@@ -102,10 +109,19 @@ class PassEngine:
             if plan.train:
                 plan.guard.save()
         start = time.perf_counter()
-        for part in _passes(plans, micro_batch_size):
-            part = [(plan, first, count) for plan, first, count in part if not plan.failed]
-            if part:
-                self._pass(part)
+        passes = _passes(plans, micro_batch_size)
+        staged = staged_decoder(self.host.model)
+        try:
+            if staged is None:
+                for part in passes:
+                    part = [(plan, first, count) for plan, first, count in part if not plan.failed]
+                    if part:
+                        self._pass(self._inputs(part))
+            else:
+                self._run_staged(passes, staged)
+        finally:
+            if staged is not None:
+                staged.finish_passes()
         elapsed = time.perf_counter() - start
         total_tokens = sum(plan.token_count for plan in plans) or 1
         for plan in plans:
@@ -122,24 +138,59 @@ class PassEngine:
         for plan in plans:
             plan.guard.saved = []
 
-    def _pass(self, part: list[tuple[Plan, int, int]]) -> None:
-        """Forward the rows of ``part`` once, then back-propagate the sum of their plans' losses."""
-        host = self.host
+    def _run_staged(self, passes: list[list[tuple[Plan, int, int]]], staged: StagedDecoder) -> None:
+        """The passes through a decoder split into pipeline stages, one forward and one backward at a time:
+        before finishing pass ``i``, this rank's stage runs on passes up to ``i + passes_ahead`` (its layers'
+        output sent on), so every stage has work while the others finish theirs. A pass keeps the rows of a plan
+        that failed in an earlier one (their loss is skipped): every stage must send and expect the same rows,
+        and a stage ahead has sent them before the failure."""
+        ahead = staged.passes_ahead
+        prepared: dict[int, _PassInputs] = {}
+        for index, part in enumerate(passes):
+            for later in range(index, min(index + ahead + 1, len(passes)) if ahead else index):
+                if later not in prepared:
+                    prepared[later] = self._start(staged, self._inputs(passes[later]))
+            self._pass(prepared.pop(index) if index in prepared else self._inputs(part))
+
+    def _inputs(self, part: list[tuple[Plan, int, int]]) -> _PassInputs:
         batch, spans = self._batch(part)
+        adapters = [plan.state.name if plan.state.is_adapter else None for plan, _, _ in part]
+        trains = any(plan.train for plan, _, _ in part)
+        return _PassInputs(
+            part,
+            batch,
+            spans,
+            [name for name, (_, length) in zip(adapters, spans, strict=True) for _ in range(length)],
+            router_aux_for(inner_model(self.host.model)) if trains else None,
+        )
+
+    def _start(self, staged: StagedDecoder, inputs: _PassInputs) -> _PassInputs:
+        """Run this rank's pipeline stage on a later pass now, under that pass's adapters and experts."""
+        try:
+            on_device = inputs.on_device = self._on_device(inputs.batch)
+            with self.route(inputs.row_adapters, on_device), self._replay(on_device), self._autocast():
+                start_decode(staged, self.host.model, on_device, router_logits=inputs.router is not None)
+        except Exception as exc:  # reported when the pass is finished
+            inputs.error = exc
+        return inputs
+
+    def _pass(self, inputs: _PassInputs) -> None:
+        """Forward the rows of ``inputs.part`` once, then back-propagate the sum of their plans' losses."""
+        host, part, batch, spans = self.host, inputs.part, inputs.batch, inputs.spans
         target_rows = {
             spans[index][0] + offset: sequence
             for index, (plan, first, count) in enumerate(part)
             for offset, sequence in enumerate(plan.target_rows(first, count))
         }
         return_logits = any(plan.return_logits for plan, _, _ in part)
-        adapters = [plan.state.name if plan.state.is_adapter else None for plan, _, _ in part]
-        row_adapters = [name for name, (_, length) in zip(adapters, spans, strict=True) for _ in range(length)]
         reads_labels = any(plan.reads_labels for plan, _, _ in part)
-        router = router_aux_for(inner_model(host.model)) if any(plan.train for plan, _, _ in part) else None
+        router = inputs.router
         try:
-            on_device = self._on_device(batch)
+            if inputs.error is not None:
+                raise inputs.error
+            on_device = inputs.on_device if inputs.on_device is not None else self._on_device(batch)
             # Loss and backward stay within the adapters' and experts' routing: checkpointed layers recompute there.
-            with self.route(row_adapters, on_device), self._replay(on_device):
+            with self.route(inputs.row_adapters, on_device), self._replay(on_device):
                 with self._autocast():
                     labels, targets, router_logits = host.parallel.run(
                         self._forward, host.model, on_device, target_rows, reads_labels, return_logits, router
@@ -164,6 +215,8 @@ class PassEngine:
         total: torch.Tensor | None = None
         shared = len(part) > 1
         for (plan, first, count), (start, length) in zip(part, spans, strict=True):
+            if plan.failed:  # in an earlier pass; its rows ride along in a pipeline's (see _run_staged)
+                continue
             rows = torch.arange(start, start + length)
             view = RowsView(
                 first,
@@ -229,6 +282,21 @@ class PassEngine:
 
     def _autocast(self) -> AbstractContextManager[Any]:
         return autocast(self.host.device.type, self.host.mixed_precision)
+
+
+@dataclass
+class _PassInputs:
+    """A pass's entries ``(plan, first chunk row, rows)``, their batch, each entry's ``(first row, rows)`` in it,
+    every row's adapter, and the router loss (``None``: none); once started on the device, its batch there (and
+    the error starting it raised)."""
+
+    part: list[tuple[Plan, int, int]]
+    batch: dict[str, torch.Tensor]
+    spans: list[tuple[int, int]]
+    row_adapters: list[str | None]
+    router: RouterAux | None
+    on_device: dict[str, torch.Tensor] | None = None
+    error: Exception | None = None
 
 
 class _RouterLosses:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -62,6 +62,38 @@ class DecoderOutput:
     router_logits_BTE: list[torch.Tensor] | None = None
 
 
+@runtime_checkable
+class StagedDecoder(Protocol):
+    """A decoder split into pipeline stages (MegatronModel's), which can run this rank's stage of a later pass
+    before the current pass finishes (a one-forward-one-backward schedule)."""
+
+    @property
+    def passes_ahead(self) -> int:
+        """How many later passes to :meth:`start` before finishing a pass (0: one pass at a time)."""
+        ...
+
+    def start(self, **inputs: Any) -> None:
+        """This rank's stage on a later pass (``decode``'s inputs); the decoder's forward on them finishes it."""
+        ...
+
+    def finish_passes(self) -> None:
+        """After a call's passes: drop what was started and not finished, wait for what is in flight."""
+        ...
+
+
+def staged_decoder(model: Any) -> StagedDecoder | None:
+    """``model``'s decoder if it is split into pipeline stages."""
+    decoder = getattr(inner_model(model), "get_decoder", lambda: None)()
+    return decoder if isinstance(decoder, StagedDecoder) else None
+
+
+def start_decode(
+    decoder: StagedDecoder, model: Any, batch: Mapping[str, torch.Tensor], router_logits: bool = False
+) -> None:
+    """Start ``decoder`` on ``batch`` (see :class:`StagedDecoder`); :func:`decode` on the same batch finishes it."""
+    decoder.start(**_decoder_inputs(inner_model(model), batch, router_logits))
+
+
 def decode(
     model: Any, batch: Mapping[str, torch.Tensor], sequence: SequenceParallel | None = None, router_logits: bool = False
 ) -> DecoderOutput:
@@ -70,10 +102,8 @@ def decode(
     With a ``sequence`` group, this rank computes its share of the tokens and the group's are gathered.
     """
     inner = inner_model(model)
-    inputs = model_inputs(batch, packed_multimodal_positions(inner, batch))
+    inputs = _decoder_inputs(inner, batch, router_logits)
     decoder = multimodal_base(inner) if "pixel_values" in inputs else inner.get_decoder()
-    if router_logits:
-        inputs["output_router_logits"] = True
     if sequence is not None:
         return DecoderOutput(*sequence.decode(decoder, inputs))
     output = decoder(**inputs)
@@ -81,6 +111,13 @@ def decode(
         return DecoderOutput(output.last_hidden_state)
     rows, length = batch["input_ids"].shape
     return DecoderOutput(output.last_hidden_state, [logits.view(rows, length, -1) for logits in output.router_logits])
+
+
+def _decoder_inputs(inner: Any, batch: Mapping[str, torch.Tensor], router_logits: bool) -> dict[str, Any]:
+    inputs = model_inputs(batch, packed_multimodal_positions(inner, batch))
+    if router_logits:
+        inputs["output_router_logits"] = True
+    return inputs
 
 
 def logps_kernel(model: Any) -> Kernel | None:
