@@ -11,7 +11,8 @@ steps. Rank 0 prints ``RESULT`` and the JSON of each layout's and kind's losses,
 the same runs in one process are :func:`run` with no mesh. :data:`TENANT_LAYOUTS`: :func:`train_tenants`;
 :data:`ROUTER_LAYOUTS`: :func:`train_router_loss`; both recompute every decoder layer in backward
 (``gradient_checkpointing``) here and keep their activations in the one-process runs they are compared with.
-:data:`SCHEDULE_LAYOUTS`: :func:`train_schedule` with each pipeline schedule.
+:data:`SCHEDULE_LAYOUTS`: :func:`train_schedule` with each pipeline schedule; ``vocab-parallel``:
+:func:`vocab_parallel_errors`.
 test_megatron_parallel.py runs both and compares.
 """
 
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from conversations import encoded_conversations  # beside this script
 from peft import LoraConfig
 from resumed_training import steps, train_save_resume
@@ -33,6 +35,7 @@ from twinkle import DeviceMesh
 from twinkle.loss import CrossEntropyLoss
 from twinkle.model import AdapterRequest
 from twinkle.model.megatron import MegatronModel, MultiLoraMegatronModel
+from twinkle.model.megatron.head import vocab_parallel_logps
 
 MODEL = "builtin://qwen3-tiny"
 MOE_MODEL = "builtin://qwen3-moe-tiny"
@@ -179,6 +182,35 @@ def train_schedule(mesh: DeviceMesh | None, schedule: str) -> dict[str, Any]:
     return {**record, "order": "".join(order)}
 
 
+def vocab_parallel_errors() -> dict[str, Any]:
+    """Float64 logits of 6 tokens over a vocabulary of 10, this rank holding its half: how far
+    ``vocab_parallel_logps``'s log-probs of two targets per token (both halves' edge tokens among them) and their
+    gradient are from ``log_softmax`` of the whole, and whether its argmax hits are the whole's (a tie across
+    the halves included: the lower index wins, as ``argmax``)."""
+    if not dist.is_initialized():  # no model has joined the processes yet
+        dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    generator = torch.Generator().manual_seed(0)
+    logits_NV = torch.randn(6, 10, generator=generator, dtype=torch.float64)
+    logits_NV[1, 2] = logits_NV[1, 7] = logits_NV[1].max() + 1  # a tie between the halves
+    logits_NV[4, 9] = logits_NV[4].max() + 1  # a hit on the last token
+    targets_NK = torch.tensor([[0, 9], [2, 7], [4, 5], [5, 4], [9, 0], [7, 3]])
+    weights_NK = torch.randn(6, 2, generator=generator, dtype=torch.float64)
+    local_NV = logits_NV.chunk(size, dim=-1)[rank].clone().requires_grad_()
+    logps_NK, correct_N = vocab_parallel_logps(local_NV, targets_NK, None, rank, size)
+    (logps_NK * weights_NK).sum().backward()
+    whole_NV = logits_NV.clone().requires_grad_()
+    expected_NK = whole_NV.log_softmax(dim=-1).gather(-1, targets_NK)
+    (expected_NK * weights_NK).sum().backward()
+    assert local_NV.grad is not None and whole_NV.grad is not None
+    return {
+        "logps": float((logps_NK - expected_NK).abs().max()),
+        "grad": float((local_NV.grad - whole_NV.grad.chunk(size, dim=-1)[rank]).abs().max()),
+        "correct": correct_N.tolist(),
+        "expected_correct": (whole_NV.argmax(dim=-1) == targets_NK[:, 0]).tolist(),
+    }
+
+
 def _record(order: list[str], output_SBH: torch.Tensor) -> None:
     order.append("F")
     if output_SBH.requires_grad:
@@ -197,6 +229,9 @@ def main(layouts: list[str], output_dir: Path) -> None:
             sizes = {f"{dim}_size": world for dim in ROUTER_LAYOUTS[layout]}
             results[layout] = train_router_loss(DeviceMesh.from_sizes(world_size=world, **sizes), recompute=True)
             parallel_state.destroy_model_parallel()
+            continue
+        if layout == "vocab-parallel":
+            results[layout] = vocab_parallel_errors()
             continue
         if layout in SCHEDULE_LAYOUTS:
             mesh = DeviceMesh.from_sizes(world_size=world, pp_size=world)

@@ -17,7 +17,7 @@ over ``dp_size=2`` (each token's adapter travelling with it to its expert's rank
 norms they get in one process (where test_megatron_multi_lora.py shows each equals training alone). The
 router's load-balancing loss at ``tp_size=2`` and at ``pp_size=2`` trains as in one process. At ``pp_size=2``
 the first stage runs the next micro-batch before this one's backward (the "1f1b" schedule) and trains exactly
-as with one micro-batch at a time. The tenants' and
+as with one micro-batch at a time. Log-probs from vocabulary slices equal the whole softmax. The tenants' and
 the router loss's parallel runs recompute every decoder layer in backward (``gradient_checkpointing``), so
 recomputation is shown to repeat each layer's collectives (tensor parallelism, the experts' all-to-all, the
 stages' router logits) as its forward ran them; their one-process references keep their activations.
@@ -92,7 +92,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     output = tmp_path_factory.mktemp("megatron")
     # One launch per world size: megatron-core's import is most of a run's time.
     pairs = [layout for layout in LAYOUTS if world_of(layout) == 2]
-    results = _torchrun([*pairs, *TENANT_LAYOUTS, *ROUTER_LAYOUTS, *SCHEDULE_LAYOUTS], output)
+    results = _torchrun([*pairs, *TENANT_LAYOUTS, *ROUTER_LAYOUTS, *SCHEDULE_LAYOUTS, "vocab-parallel"], output)
     results |= _torchrun([layout for layout in LAYOUTS if world_of(layout) == 4], output, processes=4)
     for layout in LAYOUTS:
         model_id, _, targets = LAYOUTS[layout]
@@ -204,3 +204,12 @@ def test_the_1f1b_schedule_runs_the_next_micro_batch_before_this_ones_backward_a
     assert overlapped["losses"] == pytest.approx(alone["losses"], **TOL)
     assert overlapped["norms"] == pytest.approx(alone["norms"], **TOL)
     assert overlapped["errors"] == sequential["errors"] == ["tenant loss exploded"] * 2
+
+
+def test_log_probs_from_vocabulary_slices_equal_the_whole_softmax(runs):
+    """Under tensor parallelism each rank computes the targets' log-probs from its slice of the logits (the
+    ranks exchange per-token maxima, sums and argmaxes, never the logits): equal to ``log_softmax`` of the
+    whole in value and gradient (float64), argmax hits included."""
+    errors = runs["vocab-parallel"]
+    assert errors["logps"] < 1e-12 and errors["grad"] < 1e-12
+    assert errors["correct"] == errors["expected_correct"] == [False, True, False, False, True, False]

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -205,25 +205,15 @@ class MultiLoraLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, adapters={ranks}"
 
 
-@runtime_checkable
-class TokenRouted(Protocol):
-    """A layer that routes flattened tokens to their rows' adapters itself (see :func:`per_token`)."""
-
-    def for_tokens(self, rows_N: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]: ...
-
-
 def per_token(module: nn.Module, rows_N: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """``module`` as a function of ``N`` flattened tokens, token ``n`` being one of batch row ``rows_N[n]``.
 
     For a :class:`MultiLoraLinear` inside an :func:`adapter_rows` block, each
     token gets its row's adapter. The assignment is taken now, so the function
     computes the same when autograd recomputes it later (a checkpointed chunk
-    re-run in backward, after the block has ended). A module with its own
-    ``for_tokens(rows_N)`` (another back-end's routed output layer) gives its
-    function; any other module is returned as it is: it treats every token alike.
+    re-run in backward, after the block has ended). Any other module is
+    returned as it is: it treats every token alike.
     """
-    if isinstance(module, TokenRouted):
-        return module.for_tokens(rows_N)
     if not isinstance(module, MultiLoraLinear) or module.routing is None:
         return module
     return partial(module.routed_forward, routing=module.routing.for_tokens(rows_N))

@@ -3,17 +3,17 @@
 The engine runs any causal LM the same way: the decoder's last hidden states (``get_decoder()``), then the
 output layer (``get_output_embeddings()``) on the positions that predict something, in chunks. Here the
 decoder is megatron's embedding and transformer block (:mod:`.decoder`: tensor-parallel layers,
-:mod:`.attention`'s core attention) and the output layer is vocabulary-parallel: each rank's slice of the
-logits, gathered whole, so the losses see the logits one process would (each chunk's only). Under pipeline
-parallelism the block holds this stage's layers and every stage gets the last stage's hidden states
-(:mod:`.pipeline`).
+:mod:`.attention`'s core attention) and the output layer is vocabulary-parallel (:mod:`.head`: each rank
+computes the targets' log-probs from its slice of the logits, so the losses see what one process would).
+Under pipeline parallelism the block holds this stage's layers and every stage gets the last stage's hidden
+states (:mod:`.pipeline`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,49 +28,16 @@ from torch import nn
 
 from twinkle.errors import ConfigurationError
 from twinkle.model.megatron.attention import RotaryAttention, RowPositions
-from twinkle.model.megatron.collectives import copy_to_group, gather_last_dim
 from twinkle.model.megatron.conversion import check_supported, head_dim, is_moe, num_experts, to_transformers
 from twinkle.model.megatron.decoder import MegatronDecoder, StageOutput
+from twinkle.model.megatron.head import VocabParallelHead
 from twinkle.model.megatron.lora import FUSED, MegatronLora
 from twinkle.model.megatron.moe import MegatronMoE, RouterLogits
 from twinkle.model.megatron.pipeline import Outbox, PipelineStage
 from twinkle.model.megatron.recompute import checkpoint_layers
-from twinkle.module import RowRouting
 
 WEIGHTS_FILE = "model.safetensors"
 PIPELINE_SCHEDULES = ("1f1b", "sequential")
-
-
-class VocabParallelHead(nn.Module):
-    """The output layer: this rank's vocabulary rows of ``weight`` (plus the routed rows' LoRA updates of them),
-    logits gathered over the group. Its input's rows are dim 0 (``[B, T, H]`` or ``[B, H]``); flattened
-    tokens of the batch go through :meth:`for_tokens`."""
-
-    weight: torch.Tensor
-    lora: MegatronLora
-
-    def __init__(self, weight: torch.Tensor, vocab_size: int, lora: MegatronLora, frozen: bool) -> None:
-        super().__init__()
-        object.__setattr__(self, "weight", weight)  # the model's own tensor, not a second registration
-        object.__setattr__(self, "lora", lora)  # the model's adapters, not a second registration
-        self.out_features = vocab_size
-        self.frozen = frozen  # a pipeline stage other than the first: no gradients (see .pipeline)
-
-    def forward(self, hidden_NH: torch.Tensor) -> torch.Tensor:
-        return self._logits(hidden_NH, self.lora.routing)
-
-    def for_tokens(self, rows_N: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The layer on ``N`` flattened tokens, token ``n`` one of batch row ``rows_N[n]``; the routing is taken
-        now, so a chunk recomputed in backward (after the routed block) computes the same."""
-        routing = self.lora.routing
-        return partial(self._logits, routing=None if routing is None else routing.for_tokens(rows_N))
-
-    def _logits(self, hidden_NH: torch.Tensor, routing: RowRouting | None) -> torch.Tensor:
-        lora = self.lora
-        hidden_NH = copy_to_group(hidden_NH, lora.group, lora.size)
-        local_NV = nn.functional.linear(hidden_NH, self.weight)
-        local_NV = lora.with_head_updates(local_NV, hidden_NH, routing, self.frozen)
-        return gather_last_dim(local_NV, lora.group, lora.rank, lora.size)
 
 
 class MegatronCausalLM(nn.Module):

@@ -4,7 +4,7 @@ The model is megatron-core's ``GPTModel`` (its tensor-parallel layers; the core 
 :mod:`.attention`; a MoE model's layers of :mod:`.moe`), filled from a transformers checkpoint through
 :mod:`.conversion`, and saved back as one. Every call runs through the same pass engine, losses and
 metrics as :class:`TransformersModel`: the engine sees a causal LM (:class:`.causal_lm.MegatronCausalLM`)
-whose output layer gathers each chunk's logits over the tensor-parallel group.
+whose output layer computes log-probs from each tensor-parallel rank's slice of the vocabulary.
 ``DeviceMesh.from_sizes(tp_size=..., pp_size=..., ep_size=..., dp_size=...)`` under torchrun splits it
 (pipeline stages: :mod:`.pipeline`; experts: :mod:`.plan`); without a mesh it runs in this process. It
 trains every weight, or LoRA adapters in PEFT's format (:mod:`.lora`, :mod:`.expert_lora`).

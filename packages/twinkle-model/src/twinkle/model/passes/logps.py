@@ -8,13 +8,15 @@ targets per position (Tinker's layout, :class:`TargetSequence`: ``tokens[t]``
 predicts ``targets[t]``, one id or K: :func:`target_row_logps`). Both go
 through :func:`output_layer_logps`, which runs a model's kernelized
 ``linear_logps`` kernel (twinkle-kernels' Triton op, :func:`logps_kernel`)
-where it can, and the PyTorch chunked path otherwise.
+where it can, and the PyTorch chunked path otherwise; an output layer split by
+vocabulary over ranks computes them itself (:class:`ShardedOutputLayer`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -151,16 +153,32 @@ def output_layer_logps(
             return TokenLogps(fused.logps.unsqueeze(1), fused.correct)
         logps_N, correct_N = chunked_token_logps(hidden_NH, weight_VH, targets_NK[:, 0], chunk_size, low_rank=terms)
         return TokenLogps(logps_N.unsqueeze(1), correct_N)
-    # K targets, or another head (biased, PEFT-adapted): run the module itself, chunk by chunk,
-    # recomputing each chunk's logits in backward instead of keeping them.
+    # K targets, or another head (biased, PEFT-adapted, split by vocabulary): run the module itself, chunk by
+    # chunk, recomputing each chunk's logits in backward instead of keeping them.
     logps, correct = [], []
     for start in range(0, max(hidden_NH.shape[0], 1), chunk_size):  # no position: one empty chunk
         span = slice(start, start + chunk_size)
-        head_C = per_token(head, rows_N[span])
-        logps_CK, correct_C = checkpoint(_chunk_logps, head_C, hidden_NH[span], targets_NK[span], use_reentrant=False)
+        if isinstance(head, ShardedOutputLayer):
+            chunk_logps = head.token_logps_for(rows_N[span])
+        else:
+            chunk_logps = partial(_chunk_logps, per_token(head, rows_N[span]))
+        logps_CK, correct_C = checkpoint(chunk_logps, hidden_NH[span], targets_NK[span], use_reentrant=False)
         logps.append(logps_CK)
         correct.append(correct_C)
     return TokenLogps(torch.cat(logps), torch.cat(correct))
+
+
+@runtime_checkable
+class ShardedOutputLayer(Protocol):
+    """An output layer split by vocabulary over ranks (MegatronModel's under tensor parallelism), which computes
+    chosen tokens' log-probabilities from its own slice of the logits, exchanging per-token numbers only."""
+
+    def token_logps_for(
+        self, rows_N: torch.Tensor
+    ) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """``(hidden_NH, targets_NK) -> (log p(targets_NK), argmax == targets_NK[:, 0])`` on ``N`` flattened
+        tokens, token ``n`` one of batch row ``rows_N[n]`` (whose adapter it gets)."""
+        ...
 
 
 def _fused(head: torch.nn.Linear | MultiLoraLinear) -> bool:
