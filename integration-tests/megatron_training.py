@@ -197,7 +197,7 @@ def vocab_parallel_errors() -> dict[str, Any]:
     targets_NK = torch.tensor([[0, 9], [2, 7], [4, 5], [5, 4], [9, 0], [7, 3]])
     weights_NK = torch.randn(6, 2, generator=generator, dtype=torch.float64)
     local_NV = logits_NV.chunk(size, dim=-1)[rank].clone().requires_grad_()
-    logps_NK, correct_N = vocab_parallel_logps(local_NV, targets_NK, None, rank, size)
+    logps_NK, correct_N = vocab_parallel_logps(local_NV, targets_NK, rank * local_NV.shape[-1], None, size)
     (logps_NK * weights_NK).sum().backward()
     whole_NV = logits_NV.clone().requires_grad_()
     expected_NK = whole_NV.log_softmax(dim=-1).gather(-1, targets_NK)

@@ -46,7 +46,7 @@ def _sliced(hidden_CH: torch.Tensor, weight_VH: torch.Tensor, targets_C1: torch.
 
     rank, size = dist.get_rank(), dist.get_world_size()
     local_CV = torch.nn.functional.linear(copy_to_group(hidden_CH, None, size), weight_VH)
-    logps_C1, _ = vocab_parallel_logps(local_CV, targets_C1, None, rank, size)
+    logps_C1, _ = vocab_parallel_logps(local_CV, targets_C1, rank * local_CV.shape[-1], None, size)
     return logps_C1
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import ModuleSpec, TransformerConfig
@@ -106,6 +107,10 @@ class MegatronCausalLM(nn.Module):
         for weight in self.pipeline_replicated():
             weight.replicated_over_pipeline = True  # type: ignore[attr-defined]
         self.lora = MegatronLora(group, rank, size)
+        # The ranks that split the output layer's vocabulary: the tensor-parallel group, with every stage's.
+        self.vocab_exchange = (group, size)
+        if self.stage.size > 1:
+            self.vocab_exchange = (parallel_state.get_model_parallel_group(), size * self.stage.size)
         self.lora.num_experts = num_experts(config)
         for layer in self.gpt.decoder.layers:
             if is_moe(config):
@@ -140,9 +145,7 @@ class MegatronCausalLM(nn.Module):
     def get_output_embeddings(self) -> VocabParallelHead:
         layer = self.gpt.output_layer
         weight = self.gpt.embedding.word_embeddings.weight if layer is None else layer.weight
-        if not self.stage.is_first:  # the first stage's copy gets the gradient (see .pipeline)
-            weight = weight.detach()
-        return VocabParallelHead(weight, self.config.vocab_size, self.lora, frozen=not self.stage.is_first)
+        return VocabParallelHead(weight, self.config.vocab_size, self.lora, self.stage, self.vocab_exchange)
 
     def expert_sizes(self) -> tuple[int, dict[str, tuple[int, int]]] | None:
         """A MoE model's experts per layer and each fused expert tensor's per-expert ``(out, in)``, whole."""

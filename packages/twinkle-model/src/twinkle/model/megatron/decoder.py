@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from twinkle.model.megatron.collectives import copy_to_group
 from twinkle.model.megatron.pipeline import gather_over_stages, receive_final, receive_hidden, send_final, send_on
 
 if TYPE_CHECKING:
@@ -86,6 +87,8 @@ class MegatronDecoder(nn.Module):
         hidden_SBH, router_logits = done.hidden_SBH, done.router_logits
         if not stage.is_last:
             hidden_SBH = receive_final(hidden_SBH, (length, rows, owner.config.hidden_size))
+        if stage.size > 1:  # each stage's output layer adds its part of the gradient (.head): summed for the last
+            hidden_SBH = copy_to_group(hidden_SBH, stage.group, stage.size)
         if output_router_logits and stage.size > 1:  # every layer's, as one process has them
             router_logits = gather_over_stages(router_logits, stage)
         output = SimpleNamespace(last_hidden_state=hidden_SBH.transpose(0, 1))

@@ -12,8 +12,8 @@ transformers + PEFT load it. megatron fuses projections, so the pairs ride on it
   slice; the rank-r product is summed over the group and ``B`` (whole) maps it out;
 - on the vocabulary-parallel output layer (``lm_head``) ``A`` is whole and ``B`` cut by rows, as the
   output layer's weight: each rank adds its vocabulary slice's update (:meth:`MegatronLora.with_head_updates`).
-  Every pipeline stage computes the output layer; as for the word embeddings, only the first stage's pair
-  gets gradients, summed over the stages (``replicated_over_pipeline``).
+  Every pipeline stage holds the pair and computes its part of the vocabulary (see :mod:`.head`); as for the
+  word embeddings, the stages' gradients are summed (``replicated_over_pipeline``).
 
 The pairs are kept in :class:`MegatronLora` beside the model's layers (whose parameters keep megatron's
 names) and added to a layer's output by a forward hook. Each batch row gets its own adapter's update (or
@@ -204,16 +204,16 @@ class MegatronLora(nn.Module):
         return total
 
     def with_head_updates(
-        self, local_NV: torch.Tensor, x: torch.Tensor, routing: RowRouting | None, frozen: bool
+        self, local_NV: torch.Tensor, x: torch.Tensor, routing: RowRouting | None, vocab: slice, frozen: bool
     ) -> torch.Tensor:
-        """``local_NV`` (this rank's vocabulary slice of the output layer for ``x``) plus the adapters' updates of
-        ``x``'s rows (dim 0, as ``routing`` assigns them), added in place of a vocabulary-wide zero buffer per
-        adapter; ``frozen``: without gradients (a pipeline stage other than the first)."""
+        """``local_NV`` (rows ``vocab`` of this rank's vocabulary slice of the output layer, for ``x``) plus the
+        adapters' updates of ``x``'s rows (dim 0, as ``routing`` assigns them), added in place of a
+        vocabulary-wide zero buffer per adapter; ``frozen``: without gradients to the pairs."""
         for name, rows in () if routing is None else routing.of_input(x.shape[0]).groups:
             pairs: Any = self.adapters[name]
             if _key(HEAD) not in pairs:
                 continue
-            A, B = (pairs[_key(HEAD)][part] for part in ("A", "B"))
+            A, B = pairs[_key(HEAD)]["A"], pairs[_key(HEAD)]["B"][vocab]
             A, B = (A.detach(), B.detach()) if frozen else (A, B)
             x_n = x if rows is None else x.index_select(0, rows)
             dropout = float(self.configs[name].lora_dropout)

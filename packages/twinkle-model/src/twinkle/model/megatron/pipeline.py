@@ -7,11 +7,12 @@ our own autograd functions on torch.distributed point-to-point, which any backen
 - a stage after the first receives the previous stage's hidden states (:func:`receive_hidden`) and
   sends their gradient back in backward;
 - the last stage applies the final norm and sends the result to every stage (:func:`send_final`), so
-  every stage computes the same output layer, log-probs and losses as one process would: the pass
-  engine, losses and metrics run unchanged on every rank;
+  every stage gets the same log-probs and losses as one process would: the pass engine, losses and
+  metrics run unchanged on every rank. The stages split the output layer's vocabulary (:mod:`.head`);
+  each one's part of the final hidden states' gradient is summed onto the last stage's, which
+  back-propagates it;
 - an earlier stage sends its output on (:func:`send_on`), later receives the last stage's
-  (:func:`receive_final`; in backward it ignores that copy's gradient, as the last stage back-propagates
-  the same one) and then its output's gradient from the next stage;
+  (:func:`receive_final`) and then its output's gradient from the next stage;
 - what the loss needs from every stage's layers (the routers' logits, for the load-balancing loss) is
   gathered onto every stage (:func:`gather_over_stages`); each stage back-propagates its own part.
 
@@ -21,9 +22,9 @@ with this one: the pass engine's one-forward-one-backward schedule (``passes_ahe
 :class:`.decoder.MegatronDecoder`). Each stream between two ranks (outputs on, gradients back, the final
 hidden states) is received in the order it is sent, whatever the backend (NCCL ignores tags).
 
-The word embeddings (and an untied output layer) are replicated on every stage; only the first
-stage's copies get gradients (the others use them detached), which are then summed over the pipeline
-group, so every copy steps the same.
+The word embeddings (and an untied output layer) are replicated on every stage: the first stage's copy of
+the embeddings gets their gradient, each stage's copy of the output layer its part of the vocabulary's, and
+the copies' gradients are summed over the pipeline group, so every copy steps the same.
 """
 
 from __future__ import annotations

@@ -107,7 +107,8 @@ class MegatronParallel(Parallelism):
         self.synced.mark(params)
 
     def _sum_over_stages(self, params: Sequence[torch.nn.Parameter]) -> None:
-        """Add up the stages' gradients of the weights every stage holds (only the first stage's are non-zero)."""
+        """Add up the stages' gradients of the weights every stage holds (each stage's part: the embeddings' on
+        the first, each stage's vocabulary rows of the output layer)."""
         if self.stage.size == 1:
             return
         shared = [param for param in params if getattr(param, "replicated_over_pipeline", False)]

@@ -19,7 +19,7 @@ Under data parallelism (one plan per call) every forward runs through
 ``parallel.run`` and every collective happens in the same order on every rank.
 A decoder split into pipeline stages (``MegatronModel``'s, :class:`StagedDecoder`)
 runs a call's passes one forward, one backward: each stage starts its layers on
-later passes before it finishes the current one (:meth:`PassEngine._run_staged`).
+the next pass before the current one's backward (:meth:`PassEngine._run_staged`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -139,18 +140,25 @@ class PassEngine:
             plan.guard.saved = []
 
     def _run_staged(self, passes: list[list[tuple[Plan, int, int]]], staged: StagedDecoder) -> None:
-        """The passes through a decoder split into pipeline stages, one forward and one backward at a time:
-        before finishing pass ``i``, this rank's stage runs on passes up to ``i + passes_ahead`` (its layers'
-        output sent on), so every stage has work while the others finish theirs. A pass keeps the rows of a plan
-        that failed in an earlier one (their loss is skipped): every stage must send and expect the same rows,
-        and a stage ahead has sent them before the failure."""
+        """The passes through a decoder split into pipeline stages, one forward and one backward at a time: a
+        rank ``passes_ahead`` stages from the last has started its stage on passes up to ``i + passes_ahead - 1``
+        when it finishes pass ``i`` (the output layer and losses, which every stage computes together), and
+        starts pass ``i + passes_ahead`` between pass ``i``'s loss and its backward, so every stage has work
+        while the others back-propagate. A pass keeps the rows of a plan that failed in an earlier one (their
+        loss is skipped): every stage must send and expect the same rows, and a stage ahead has sent them
+        before the failure."""
         ahead = staged.passes_ahead
         prepared: dict[int, _PassInputs] = {}
+
+        def start(index: int) -> None:
+            if ahead and index < len(passes) and index not in prepared:
+                prepared[index] = self._start(staged, self._inputs(passes[index]))
+
         for index, part in enumerate(passes):
-            for later in range(index, min(index + ahead + 1, len(passes)) if ahead else index):
-                if later not in prepared:
-                    prepared[later] = self._start(staged, self._inputs(passes[later]))
-            self._pass(prepared.pop(index) if index in prepared else self._inputs(part))
+            for earlier in range(index, index + ahead):  # the first passes, before any backward
+                start(earlier)
+            inputs = prepared.pop(index) if index in prepared else self._inputs(part)
+            self._pass(inputs, before_backward=partial(start, index + ahead))
 
     def _inputs(self, part: list[tuple[Plan, int, int]]) -> _PassInputs:
         batch, spans = self._batch(part)
@@ -174,8 +182,9 @@ class PassEngine:
             inputs.error = exc
         return inputs
 
-    def _pass(self, inputs: _PassInputs) -> None:
-        """Forward the rows of ``inputs.part`` once, then back-propagate the sum of their plans' losses."""
+    def _pass(self, inputs: _PassInputs, before_backward: Callable[[], None] | None = None) -> None:
+        """Forward the rows of ``inputs.part`` once, then back-propagate the sum of their plans' losses
+        (``before_backward`` runs between the two, whether or not there is a loss to back-propagate)."""
         host, part, batch, spans = self.host, inputs.part, inputs.batch, inputs.spans
         target_rows = {
             spans[index][0] + offset: sequence
@@ -196,6 +205,8 @@ class PassEngine:
                         self._forward, host.model, on_device, target_rows, reads_labels, return_logits, router
                     )
                 total = self._total_loss(part, batch, spans, labels, targets, _RouterLosses(router, router_logits))
+                if before_backward is not None:
+                    before_backward()
                 if total is not None:
                     total.backward()
         except Exception as exc:  # the pass itself failed: every plan in it reports it
