@@ -32,29 +32,12 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).parent))
-from peak_memory import peak_memory  # a sibling in tools/bench, not a package
+from peak_memory import peak_memory  # siblings in tools/bench, not a package
+from qwen3_shape import QWEN3_06B, random_qwen3
 
 from twinkle.model import TrainingModel, TransformersModel
-
-QWEN3_06B = {
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 151_936,
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 40_960,
-}
-
-
-def _random_model(folder: Path, layers: int) -> str:
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=layers, **QWEN3_06B)).save_pretrained(folder)
-    return str(folder)
 
 
 def _side(path: str, backend: str, checkpointing: bool, length: int, steps: int) -> dict[str, float]:
@@ -110,7 +93,7 @@ def main() -> None:
         return
     layers, length = (8, 512) if args.quick else (28, args.length)
     with tempfile.TemporaryDirectory() as folder:
-        path = _random_model(Path(folder), layers)
+        path = random_qwen3(Path(folder), layers)
         plain = _run_side(path, args.backend, False, length, args.steps)
         checkpointed = _run_side(path, args.backend, True, length, args.steps)
     print(f"LoRA step on {args.backend}, Qwen3-0.6B shape ({layers} layers), 1 × {length} tokens:")

@@ -26,20 +26,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
-WIDTHS = {  # Qwen3-0.6B's
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 151_936,
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 40_960,
-}
+sys.path.insert(0, str(Path(__file__).parent))
+from qwen3_shape import QWEN3_06B, random_qwen3  # a sibling in tools/bench, not a package
+
 SCHEDULES = ("sequential", "1f1b")
 
 
@@ -59,7 +52,7 @@ def _worker(path: str, schedule: str, micro_batches: int, length: int, steps: in
     generator = torch.Generator().manual_seed(0)
     batch = []
     for _ in range(micro_batches):
-        ids = torch.randint(0, WIDTHS["vocab_size"], (length,), generator=generator).tolist()
+        ids = torch.randint(0, QWEN3_06B["vocab_size"], (length,), generator=generator).tolist()
         batch.append({"input_ids": ids, "labels": ids})
     seconds, losses = [], []
     for _ in range(steps + 1):  # the first step warms up (allocations, gloo's connections)
@@ -103,9 +96,8 @@ def main() -> None:
         _worker(args.worker, args.schedule, args.micro_batches, args.length, args.steps)
         return
     with tempfile.TemporaryDirectory() as folder:
-        torch.manual_seed(0)
-        Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=args.layers, **WIDTHS)).save_pretrained(folder)
-        results = {schedule: _run(folder, schedule, args) for schedule in SCHEDULES}
+        path = random_qwen3(Path(folder), args.layers)
+        results = {schedule: _run(path, schedule, args) for schedule in SCHEDULES}
     sequential, overlapped = results["sequential"], results["1f1b"]
     print(
         f"MegatronModel pp_size=2 on 2 processes, LoRA step, Qwen3-0.6B widths ({args.layers} layers), "

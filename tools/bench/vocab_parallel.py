@@ -33,9 +33,10 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))
-from peak_memory import peak_memory  # a sibling in tools/bench, not a package
+from peak_memory import peak_memory  # siblings in tools/bench, not a package
+from qwen3_shape import QWEN3_06B
 
-HIDDEN, VOCAB = 1024, 151_936
+HIDDEN, VOCAB = QWEN3_06B["hidden_size"], QWEN3_06B["vocab_size"]
 
 Method = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -198,16 +198,15 @@ class PassEngine:
             if inputs.error is not None:
                 raise inputs.error
             on_device = inputs.on_device if inputs.on_device is not None else self._on_device(batch)
-            # Loss and backward stay within the adapters' and experts' routing: checkpointed layers recompute there.
-            with self.route(inputs.row_adapters, on_device), self._replay(on_device):
-                with self._autocast():
-                    labels, targets, router_logits = host.parallel.run(
-                        self._forward, host.model, on_device, target_rows, reads_labels, return_logits, router
-                    )
-                total = self._total_loss(part, batch, spans, labels, targets, _RouterLosses(router, router_logits))
-                if before_backward is not None:
-                    before_backward()
-                if total is not None:
+            with self.route(inputs.row_adapters, on_device), self._replay(on_device), self._autocast():
+                labels, targets, router_logits = host.parallel.run(
+                    self._forward, host.model, on_device, target_rows, reads_labels, return_logits, router
+                )
+            total = self._total_loss(part, batch, spans, labels, targets, _RouterLosses(router, router_logits))
+            if before_backward is not None:  # outside this pass's routing: it routes another pass's rows
+                before_backward()
+            if total is not None:  # within the rows' adapters and experts again: checkpointed layers recompute
+                with self.route(inputs.row_adapters, on_device), self._replay(on_device):
                     total.backward()
         except Exception as exc:  # the pass itself failed: every plan in it reports it
             for plan, _, _ in part:
