@@ -50,16 +50,9 @@ class MegatronDecoder(nn.Module):
         """How many later passes this stage runs its layers on before it finishes a pass."""
         return self.owner.passes_ahead
 
-    def start(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        output_router_logits: bool = False,
-        **_: Any,
-    ) -> None:
-        """This stage's layers on a later pass's inputs, now; their output is sent on to the next stage."""
-        self.owner.started.append(self._stage(input_ids, attention_mask, position_ids, output_router_logits))
+    def start(self, **inputs: Any) -> None:
+        """This stage's layers on a later pass's inputs (:meth:`forward`'s), now; their output is sent on."""
+        self.owner.started.append(self._stage(**inputs))
 
     def finish_passes(self) -> None:
         """After a call's passes: drop what was started and never finished (a failed call), and wait for the
@@ -67,19 +60,13 @@ class MegatronDecoder(nn.Module):
         self.owner.started.clear()
         self.owner.outbox.wait()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        output_router_logits: bool = False,
-        **_: Any,  # use_cache and the like: megatron keeps no cache here
-    ) -> SimpleNamespace:
-        """``last_hidden_state [B, S, H]``; with ``output_router_logits``, every MoE layer's ``[B·S, E]`` too."""
+    def forward(self, input_ids: torch.Tensor, output_router_logits: bool = False, **inputs: Any) -> SimpleNamespace:
+        """``last_hidden_state [B, S, H]``; with ``output_router_logits``, every MoE layer's ``[B·S, E]`` too.
+        ``inputs``: the batch's ``attention_mask`` and ``position_ids`` (see :meth:`_stage`)."""
         owner, stage = self.owner, self.owner.stage
         rows, length = input_ids.shape
         if not owner.started:
-            done = self._stage(input_ids, attention_mask, position_ids, output_router_logits)
+            done = self._stage(input_ids, output_router_logits=output_router_logits, **inputs)
         else:
             done = owner.started.popleft()
             if done.input_ids is not input_ids:  # the engine finishes passes in the order it starts them
@@ -102,9 +89,10 @@ class MegatronDecoder(nn.Module):
     def _stage(
         self,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        position_ids: torch.Tensor | None,
-        output_router_logits: bool,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_router_logits: bool = False,
+        **_: Any,  # use_cache and the like: megatron keeps no cache here
     ) -> StageOutput:
         """This stage's layers on the pass: the embedding or the previous stage's output in, the result sent on
         (to the next stage, or from the last to every earlier one)."""

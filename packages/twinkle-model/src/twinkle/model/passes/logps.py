@@ -170,8 +170,9 @@ def output_layer_logps(
 
 @runtime_checkable
 class ShardedOutputLayer(Protocol):
-    """An output layer split by vocabulary over ranks (MegatronModel's under tensor parallelism), which computes
-    chosen tokens' log-probabilities from its own slice of the logits, exchanging per-token numbers only."""
+    """An output layer split by vocabulary over ranks (MegatronModel's under tensor or pipeline parallelism),
+    which computes chosen tokens' log-probabilities from its own slice of the logits, exchanging per-token
+    numbers only."""
 
     def token_logps_for(
         self, rows_N: torch.Tensor
