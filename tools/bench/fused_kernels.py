@@ -9,7 +9,8 @@ On CPU the Twinkle side of the log-probs is ``twinkle.module.chunked_token_logps
 tokens at a time (the path models take there, with ``logps_chunk_size``), on CUDA the Triton kernel; the
 multi-LoRA kernel is timed on CUDA only (the interpreter that runs it on CPU is for tests). Target: the fused
 log-probs' peak memory at most 1/8 of the plain one's. In ``--quick`` runs on CPU the chunked path keeps the
-probabilities for its backward (they fit its 4 GiB budget), so the target applies to the full size.
+probabilities for its backward (they fit its 4 GiB budget), so the target applies to the full size. On CUDA
+it then times each kernel against its PyTorch reference and Liger's (``kernels_each.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernels_logps import bench_linear_logps  # siblings in tools/bench, not a package
+from kernels_each import print_each_kernel  # siblings in tools/bench, not a package
+from kernels_logps import bench_linear_logps
 from kernels_lora import bench_multi_lora
 
 
@@ -44,6 +46,8 @@ def main() -> None:
     )
     lora = bench_multi_lora(4096 if not args.quick else 512, 1024, 1024, 8, 16, args.device)
     print(f"multi-LoRA, 8 adapters: {lora}")
+    if torch.device(args.device).type == "cuda":
+        print_each_kernel()
 
 
 if __name__ == "__main__":

@@ -241,3 +241,29 @@ def test_rl_loss_reads_logps_without_inputs_and_reports_its_metrics(lora_config,
     assert {"clip_low_fraction", "clip_high_fraction", "approx_kl"} <= set(out.metrics)
     model.clip_grad_and_step()
     assert model.calculate_metric()["loss/ratio"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_seeded_adapter_is_reproducible_and_leaves_the_random_stream_alone(lora_config):
+    adapters = []
+    for _ in range(2):
+        model = TransformersModel(device="cpu")
+        torch.manual_seed(1)
+        before = torch.get_rng_state()
+        model.add_adapter_to_model("a", lora_config, seed=7)
+        assert torch.equal(torch.get_rng_state(), before)
+        adapters.append(_clone(_lora_params(model, "a")))
+    assert adapters[0].keys() == adapters[1].keys() and adapters[0]
+    assert all(torch.equal(value, adapters[1][name]) for name, value in adapters[0].items())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_seeded_adapter_on_cuda_leaves_the_cuda_random_stream_alone(lora_config):
+    model = TransformersModel(device="cuda")
+    before = torch.cuda.get_rng_state()
+    model.add_adapter_to_model("a", lora_config, seed=7)
+    assert torch.equal(torch.cuda.get_rng_state(), before)
+    first = _clone(_lora_params(model, "a"))
+    model.add_adapter_to_model("b", lora_config, seed=7)
+    second = {name.replace(".b.", ".a."): value for name, value in _clone(_lora_params(model, "b")).items()}
+    assert first.keys() == second.keys() and all(torch.equal(first[name], second[name]) for name in first)

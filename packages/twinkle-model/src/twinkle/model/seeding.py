@@ -18,6 +18,11 @@ def seeded(seed: int | None) -> Iterator[None]:
         return
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigurationError(f"seed must be an int, got {seed!r}")
-    with torch.random.fork_rng(devices=[]):
+    if not torch.cuda.is_initialized():  # seeding CUDA now would seed it when it starts, after this block
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)
+            yield
+        return
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
         torch.manual_seed(seed)
         yield

@@ -66,6 +66,14 @@ def _selects(target: str, name: str) -> bool:
     return name == target or name.endswith(f".{target}")
 
 
+def initial_A(rows: int, in_features: int, like: torch.Tensor) -> torch.Tensor:
+    """PEFT's initial LoRA ``A`` (Kaiming-uniform), drawn on the CPU in float32 and then moved to ``like``'s device
+    and dtype, so a seed gives the same adapter on any device and in any dtype (up to rounding)."""
+    A = torch.empty(rows, in_features)
+    nn.init.kaiming_uniform_(A, a=math.sqrt(5))
+    return A.to(device=like.device, dtype=like.dtype)
+
+
 def expert_pair(
     param: str,
     rank: int,
@@ -80,8 +88,7 @@ def expert_pair(
     tensor-parallel group, ``expert_block`` its block of the experts (expert parallelism) and their number."""
     out_features, in_features = shape
     (tp_rank, tp_size), (block, blocks) = tensor_part, expert_block
-    A = torch.empty(rank * experts, in_features, dtype=like.dtype, device=like.device)
-    nn.init.kaiming_uniform_(A, a=math.sqrt(5))  # PEFT's default, on the whole matrix on every rank
+    A = initial_A(rank * experts, in_features, like)  # the whole matrix on every rank
     B = torch.zeros(out_features, rank * experts, dtype=like.dtype, device=like.device)
     # Which of A and B is cut (by which dimension); the other is whole, with partial gradients.
     cut = {"down_proj": ("A", 1), "gate_up_proj": ("B", 0)}.get(param)

@@ -39,7 +39,14 @@ from torch import nn
 
 from twinkle.errors import ConfigurationError, InvalidInputError
 from twinkle.model.megatron.collectives import copy_to_group, sum_over_group
-from twinkle.model.megatron.expert_lora import expert_pair, expert_rank, expert_targets, expert_update, unknown_targets
+from twinkle.model.megatron.expert_lora import (
+    expert_pair,
+    expert_rank,
+    expert_targets,
+    expert_update,
+    initial_A,
+    unknown_targets,
+)
 from twinkle.module import RowRouting, pattern_value
 
 # megatron's linear of a decoder layer -> the transformers projections it fuses, in its output's order.
@@ -145,8 +152,7 @@ class MegatronLora(nn.Module):
 
     def _pair(self, projection: str, rank: int, shape: tuple[int, int], like: torch.Tensor) -> nn.ParameterDict:
         out_features, in_features = shape
-        A = torch.empty(rank, in_features, dtype=like.dtype, device=like.device)
-        nn.init.kaiming_uniform_(A, a=math.sqrt(5))  # PEFT's default, on the whole matrix on every rank
+        A = initial_A(rank, in_features, like)  # the whole matrix on every rank
         B = torch.zeros(out_features, rank, dtype=like.dtype, device=like.device)
         row = projection != HEAD and _fused_of(projection) in _ROW_PARALLEL
         pair = nn.ParameterDict({"A": nn.Parameter(A), "B": nn.Parameter(B)})
