@@ -1,4 +1,4 @@
-"""vLLMSampler as a Ray actor, kept on the weights of a TransformersModel actor through the Ray object store.
+"""vLLMSampler as a Ray actor, kept on the weights of a TransformersModel actor (object store, or broadcast).
 
 Model and sampler run as actors (one CPU each) on a private local Ray that
 listens on 127.0.0.1 only and is stopped at the end. ``CheckpointEngineManager``
@@ -6,7 +6,9 @@ takes its one Ray path: the payload is read in the model's actor, put in the
 object store there and fetched by the sampler's actor; only a reference passes
 through this driver. After a LoRA-only sync and after a merged sync, the
 sampler actor's log-probs equal the trainer actor's ``forward_only`` log-probs
-(float32, 1e-5).
+(float32, 1e-5). Each test runs twice: through the object store, and with
+``transport="broadcast"`` (in buckets smaller than the model, over gloo here; NCCL
+between GPUs), the tensors streaming into vLLM bucket by bucket.
 """
 
 import pytest
@@ -22,9 +24,10 @@ ATOL = 1e-5
 PARAMS = SamplingParams(max_tokens=10, temperature=1.0, seed=11)
 
 
-@pytest.fixture(scope="module")
-def actors(vllm_model_dir, vllm_engine_args):
-    """A TransformersModel actor with a random (non-identity) LoRA adapter, and a vLLMSampler actor."""
+@pytest.fixture(scope="module", params=["object_store", "broadcast"])
+def actors(request, vllm_model_dir, vllm_engine_args):
+    """A TransformersModel actor with a random (non-identity) LoRA adapter, a vLLMSampler actor, and the
+    transport of their syncs."""
     from peft import LoraConfig
 
     import twinkle
@@ -42,7 +45,7 @@ def actors(vllm_model_dir, vllm_engine_args):
         model.add_adapter_to_model("policy", lora, seed=0)
         model.set_optimizer("AdamW", lr=2e-2)
         sampler.set_template("Template", max_length=256)
-        yield model, sampler
+        yield model, sampler, request.param
     finally:
         shutdown()
     assert not ray.is_initialized()
@@ -53,8 +56,8 @@ def test_lora_sync_from_the_model_actor_follows_the_trainer(
 ):
     from twinkle.checkpoint_engine import CheckpointEngineManager
 
-    model, sampler = actors
-    manager = CheckpointEngineManager(model, sampler)
+    model, sampler, transport = actors
+    manager = CheckpointEngineManager(model, sampler, transport=transport, bucket_mb=0.5)
     manager.sync_weights()
     before = sampler.sample(vllm_prompts[:3], PARAMS).sequences  # the only adapter samples by default
     first = logprob_gap(before, completion_logps(model, before, "policy"))
@@ -75,7 +78,7 @@ def test_lora_sync_from_the_model_actor_follows_the_trainer(
 
     after = sampler.sample(vllm_prompts[:3], PARAMS).sequences
     measured = logprob_gap(after, completion_logps(model, after, "policy"))
-    print(f"LoRA sync across actors: max |dlogp| {first:.2e} before the step, {measured:.2e} after it")
+    print(f"LoRA sync across actors ({transport}): max |dlogp| {first:.2e} before the step, {measured:.2e} after it")
     assert first <= ATOL and measured <= ATOL
     assert logprob_gap(before, stale) > 1e-3, "the training step changed the adapter"
     assert received and not any(_holds_tensor(value) for value in received)
@@ -85,18 +88,18 @@ def test_lora_sync_from_the_model_actor_follows_the_trainer(
 def test_merged_sync_from_the_model_actor_resets_the_prefix_cache(actors, vllm_prompts, completion_logps, logprob_gap):
     from twinkle.checkpoint_engine import CheckpointEngineManager
 
-    model, sampler = actors
+    model, sampler, transport = actors
     # long enough to fill prefix-cache blocks; sampled from the base model first, so they hold its KV entries
     long_prompt = {"input_ids": [token for p in vllm_prompts for token in p["input_ids"]][:300]}
     base = sampler.sample(long_prompt, PARAMS, use_base_model=True).sequences
-    CheckpointEngineManager(model, sampler).sync_weights(merge_and_sync=True)
+    CheckpointEngineManager(model, sampler, transport=transport, bucket_mb=0.5).sync_weights(merge_and_sync=True)
     merged = sampler.sample(long_prompt, PARAMS, use_base_model=True).sequences
     policy = sampler.sample(vllm_prompts[:3], PARAMS, use_base_model=True).sequences
     measured = max(
         logprob_gap(merged, completion_logps(model, merged, "policy")),
         logprob_gap(policy, completion_logps(model, policy, "policy")),
     )
-    print(f"merged sync across actors: max |dlogp| vs the trainer's adapted model {measured:.2e}")
+    print(f"merged sync across actors ({transport}): max |dlogp| vs the trainer's adapted model {measured:.2e}")
     assert logprob_gap(base, completion_logps(model, base, "policy")) > 1e-3, "the policy is not the base model"
     assert measured <= ATOL
 
@@ -104,7 +107,7 @@ def test_merged_sync_from_the_model_actor_resets_the_prefix_cache(actors, vllm_p
 def test_streaming_out_of_an_actor_is_a_clear_error(actors, vllm_prompts):
     from twinkle.errors import ConfigurationError
 
-    _, sampler = actors
+    _, sampler, _ = actors
     with pytest.raises(ConfigurationError, match="cannot stream out of a Ray actor"):
         sampler.sample_stream(vllm_prompts[0], PARAMS).result()  # lazy_collect: the call's error surfaces here
 

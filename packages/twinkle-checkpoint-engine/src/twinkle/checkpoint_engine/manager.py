@@ -9,20 +9,25 @@ they are — the sampler copies them onto its own device — with no
 serialisation. When the model or the sampler runs as Ray actors
 (``twinkle.initialize(mode='ray')``), the weights are read in the model's
 actor and go through the Ray object store straight to the sampler's actors;
-only a reference passes through the driver.
+only a reference passes through the driver. Between actors whose weights are on
+GPUs they are broadcast instead, in buckets over NCCL (:mod:`.broadcast`), from
+the model's first actor to every sampler actor; ``transport="broadcast"`` does so
+between any actors (over gloo where a side is on the CPU).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
+from uuid import uuid4
 
 import torch
 
+from twinkle.checkpoint_engine import broadcast
 from twinkle.checkpoint_engine.weights import lora_payload, merged_weights
 from twinkle.errors import ConfigurationError
-from twinkle.infra import relay
+from twinkle.infra import exchange, relay
 from twinkle.registry import register
 from twinkle.utils import get_logger, pick_adapter
 
@@ -45,6 +50,10 @@ class WeightReceiver(Protocol):
     def load_base_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int: ...
 
     def reset_prefix_cache(self) -> None: ...
+
+
+TRANSPORTS = ("auto", "object_store", "broadcast")
+Payload = Any  # a LoRA sync's (config, tensors), or a merged sync's stream of (name, tensor)
 
 
 @runtime_checkable
@@ -70,16 +79,57 @@ class CheckpointEngineManager:
     be synced with ``merge_and_sync=True``.
     """
 
-    def __init__(self, model: Any, sampler: WeightReceiver, adapter_name: str | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        sampler: WeightReceiver,
+        adapter_name: str | None = None,
+        transport: Literal["auto", "object_store", "broadcast"] = "auto",
+        bucket_mb: float = 256,
+    ) -> None:
+        if transport not in TRANSPORTS:
+            raise ConfigurationError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+        if not bucket_mb > 0:
+            raise ConfigurationError(f"bucket_mb must be positive, got {bucket_mb!r}")
         self.model = model
         self.sampler = sampler
         self.adapter_name = pick_adapter(model.adapter_names, adapter_name)
+        self.transport = transport
+        self.bucket_bytes = int(bucket_mb * 2**20)
+        self._key = uuid4().hex  # names this manager's meeting in the model's process
+        self._transfers = 0
+        self._on_cuda: bool | None = None
 
     def sync_weights(self, merge_and_sync: bool = False) -> None:
         """Push the trainer's current weights into the sampler (see the module docstring)."""
         read, write = self._reader_writer(merge_and_sync)
+        if self._broadcast(read, write, lora=not merge_and_sync):
+            return
         if not relay(self.model, self.sampler, partial(_materialized, read), write):
             write(self.sampler, read(self.model))
+
+    def _broadcast(self, read: Callable[[Any], Payload], write: Callable[[Any, Payload], None], lora: bool) -> bool:
+        """Broadcast the payload from the model's first actor to the sampler's actors, if this sync does."""
+        if self.transport == "object_store":
+            return False
+        if self._on_cuda is None:  # read once: under Ray each read asks an actor
+            self._on_cuda = all(_device_type(side) == "cuda" for side in (self.model, self.sampler))
+        if self.transport == "auto" and not self._on_cuda:
+            return False
+        self._transfers += 1
+        transfer = str(self._transfers)
+        backend = "nccl" if self._on_cuda else "gloo"
+        prepare = partial(_open, key=self._key, backend=backend, bucket_bytes=self.bucket_bytes)
+        send = partial(_send, read=read, lora=lora, transfer=transfer)
+        receive = partial(_receive, write=write, lora=lora, transfer=transfer)
+        if exchange(self.model, self.sampler, prepare, send, receive):
+            return True
+        if self.transport == "broadcast":
+            raise ConfigurationError(
+                "transport='broadcast' moves weights between actors: build the model and the sampler on Ray "
+                "(twinkle.initialize(mode='ray'), remote_group=...)"
+            )
+        return False  # "auto" in one process: handed over as they are
 
     def _reader_writer(
         self, merge_and_sync: bool
@@ -130,3 +180,41 @@ def _materialized(read: Callable[[Any], Any], model: Any) -> Any:
     """``read(model)`` as a value that can leave the process: a stream of merged weights becomes a list."""
     value = read(model)
     return list(value) if isinstance(value, Iterator) else value
+
+
+def _device_type(component: Any) -> str:
+    """``"cuda"`` or ``"cpu"``: where a model's or a sampler's weights live (its ``device``)."""
+    device = getattr(component, "device", None)
+    return str(getattr(device, "type", device or "cpu")).split(":")[0]
+
+
+def _open(model: Any, host: str, receivers: int, key: str, backend: str, bucket_bytes: int) -> broadcast.Meeting:
+    """Where the sampler's actors meet the model's first one (opened on the first sync, then kept)."""
+    return broadcast.open_meeting(host, receivers, backend=backend, bucket_bytes=bucket_bytes, key=key)
+
+
+def _send(model: Any, meeting: broadcast.Meeting, read: Callable[[Any], Payload], lora: bool, transfer: str) -> int:
+    """The model's side: its payload as a header (a LoRA sync's config) and a stream of named tensors."""
+    try:
+        payload = read(model)
+        header, tensors = (payload[0], payload[1].items()) if lora else (None, payload)
+    except BaseException as error:
+        broadcast.send_failure(meeting, transfer, error)
+        raise
+    return broadcast.send(meeting, transfer, tensors, header)
+
+
+def _receive(
+    sampler: Any,
+    meeting: broadcast.Meeting,
+    rank: int,
+    write: Callable[[Any, Payload], None],
+    lora: bool,
+    transfer: str,
+) -> None:
+    """A sampler actor's side: the payload rebuilt from the header and the stream, then written as usual."""
+    header, stream = broadcast.receive(meeting, transfer, rank)
+    try:
+        write(sampler, (header, dict(stream)) if lora else stream)
+    finally:
+        broadcast.drain(stream)  # whatever the sampler did not read: the sender waits for every receiver

@@ -100,6 +100,8 @@ class vLLMSampler(Sampler):
         super().__init__(resolve_model(model_id))
         check_cpu_head_size(self.model_path)
         self.device_mesh = device_mesh
+        # Where the engine keeps the weights: its platform's device (weight syncs broadcast over NCCL to CUDA).
+        self.device = torch.device("cpu" if current_platform.is_cpu() else current_platform.device_type)
         args = {"logprobs_mode": "raw_logprobs", "worker_extension_cls": WORKER_EXTENSION, **(engine_args or {})}
         check_worker_extension(args["worker_extension_cls"])
         self._layers = linear_layers(self.model_path) if args.get("enable_lora") else {}

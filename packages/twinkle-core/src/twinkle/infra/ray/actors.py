@@ -8,7 +8,7 @@ actor run in submission order, so lazy calls keep their sequence.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -132,6 +132,18 @@ class RemoteComponent:
         """``fn(component, value)`` on every worker; each fetches an ObjectRef ``value`` from the object store."""
         self._check_built()
         self._wait([w.apply.remote(fn, value) for w in self.workers], what)
+
+    @property
+    def size(self) -> int:
+        """How many workers (actors) the component has."""
+        return len(self.workers)
+
+    def start(self, fn: Callable[..., Any], arguments: Sequence[tuple[Any, ...]], what: str) -> Callable[[], list[Any]]:
+        """``fn(component, *arguments[i])`` started on worker ``i`` (the first ``len(arguments)`` workers) without
+        waiting; returns a function that waits for them all and returns their results."""
+        self._check_built()
+        refs = [worker.run.remote(fn, args) for worker, args in zip(self.workers, arguments, strict=False)]
+        return lambda: self._wait(refs, what)
 
     def describe(self) -> str:
         return f"{self.cls.__name__} on group {self.group!r} ({len(self.workers)} actor(s))"

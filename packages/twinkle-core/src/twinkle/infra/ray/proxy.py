@@ -8,7 +8,7 @@ Ray installed. The work is done by a :class:`Backend` (``twinkle.infra.ray.actor
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 _MISSING = object()
@@ -26,6 +26,13 @@ class Backend(Protocol):
     def put(self, fn: Callable[[Any], Any], what: str) -> Any: ...
 
     def apply(self, fn: Callable[[Any, Any], Any], value: Any, what: str) -> None: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def start(
+        self, fn: Callable[..., Any], arguments: Sequence[tuple[Any, ...]], what: str
+    ) -> Callable[[], list[Any]]: ...
 
     def describe(self) -> str: ...
 

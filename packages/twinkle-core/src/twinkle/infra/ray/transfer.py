@@ -28,3 +28,41 @@ def relay(source: Any, target: Any, read: Callable[[Any], Any], write: Callable[
     else:
         write(target, ray.get(ref))
     return True
+
+
+def exchange(
+    source: Any,
+    target: Any,
+    prepare: Callable[[Any, str, int], Any],
+    send: Callable[[Any, Any], Any],
+    receive: Callable[[Any, Any, int], Any],
+) -> bool:
+    """A transfer the components make between themselves (e.g. a broadcast), all of their sides at once.
+
+    ``plan = prepare(source, host, receivers)`` runs first in the source's first worker (``host``: its
+    node's address; ``receivers``: how many workers the target has); then ``send(source, plan)`` there and
+    ``receive(target, plan, rank)`` in every worker of the target (``rank`` 1 .. receivers) run at the same
+    time. Waits for every side and raises the sender's exception, else the first receiver's. Returns
+    ``False``, doing nothing, unless both components are actors.
+    """
+    if not isinstance(source, ActorProxy) or not isinstance(target, ActorProxy):
+        return False
+    senders, receivers = source._backend, target._backend
+    plan = senders.start(_prepare, [(prepare, receivers.size)], "exchange (prepare)")()[0]
+    receiving = receivers.start(receive, [(plan, rank) for rank in range(1, receivers.size + 1)], "exchange (receive)")
+    sending = senders.start(send, [(plan,)], "exchange (send)")
+    errors = []
+    for wait in (sending, receiving):
+        try:
+            wait()
+        except Exception as error:  # the other side still finishes (a sender's failure stops its receivers)
+            errors.append(error)
+    if errors:
+        raise errors[0]
+    return True
+
+
+def _prepare(component: Any, prepare: Callable[[Any, str, int], Any], receivers: int) -> Any:
+    import ray
+
+    return prepare(component, ray.util.get_node_ip_address(), receivers)

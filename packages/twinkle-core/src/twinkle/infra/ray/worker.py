@@ -125,6 +125,10 @@ class ComponentWorker:
         """``fn(component, value)``; a top-level ObjectRef ``value`` arrives here resolved by Ray."""
         fn(self._component, value)
 
+    def run(self, fn: Callable[..., Any], arguments: tuple[Any, ...]) -> Any:
+        """``fn(component, *arguments)``, its result sent back."""
+        return portable(fn(self._component, *arguments))
+
     def __repr__(self) -> str:  # Ray prefixes the actor's log lines with this
         return f"{self._setup.component}[{self._setup.rank}]@{self._setup.group.name}"
 
