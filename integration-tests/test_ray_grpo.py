@@ -26,6 +26,9 @@ import twinkle  # noqa: E402
 from twinkle import DeviceGroup  # noqa: E402
 from twinkle.infra import shutdown  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+from logprob_gaps import max_logprob_gap  # noqa: E402  # beside this file
+
 pytestmark = pytest.mark.integration
 COOKBOOK = Path(__file__).resolve().parents[1] / "cookbook" / "rl"
 KNOBS = {"WARMUP_STEPS": "2", "MAX_STEPS": "2", "BATCH_SIZE": "2", "NUM_GENERATIONS": "2", "MAX_NEW_TOKENS": "8"}
@@ -86,8 +89,8 @@ def test_sync_weights_moves_a_trained_adapter_from_the_model_actor_to_the_sample
         second = sampler.sample(prompt, params, adapter_name="default", num_samples=4).sequences
         trained = model.forward_only(inputs=[s.new_input_feature for s in second])
 
-        moved = _max_gap([s.logprobs for s in first], model.forward_only(inputs=inputs), inputs)
-        synced = _max_gap([s.logprobs for s in second], trained, [s.new_input_feature for s in second])
+        moved = max_logprob_gap([s.logprobs for s in first], model.forward_only(inputs=inputs), inputs)
+        synced = max_logprob_gap([s.logprobs for s in second], trained, [s.new_input_feature for s in second])
         assert moved > 1e-3  # the step changed the adapter...
         assert synced < 1e-4  # ...and the sampler serves the changed one
     finally:
@@ -146,12 +149,3 @@ def _without(step: dict, keys: set[str]) -> dict:
 
 def _last_line(stdout: str, prefix: str) -> str:
     return [line for line in stdout.splitlines() if line.startswith(prefix)][-1]
-
-
-def _max_gap(sampler_logps: list, output, inputs: list) -> float:
-    """The largest difference between the sampler's and the trainer's log-prob of a completion token."""
-    gaps = []
-    for sampled, trainer, feature in zip(sampler_logps, output.logps, inputs, strict=True):
-        completion = [lp for lp, mask in zip(trainer.tolist(), feature["loss_mask"], strict=True) if mask]
-        gaps += [abs(a - b) for a, b in zip(sampled, completion, strict=True)]
-    return max(gaps)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -190,11 +188,8 @@ def _check_on_cuda() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_compiled_on_cuda() -> None:
-    # This process decorated the kernels for the interpreter; a fresh one compiles them for the GPU.
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_compiled_on_cuda(run_compiled: Callable[[str], None]) -> None:
+    run_compiled(__file__)
 
 
 if __name__ == "__main__":

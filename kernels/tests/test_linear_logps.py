@@ -17,8 +17,6 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "0" if __name__ == "__main__" else "1"  # before any Triton kernel is decorated
 
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +24,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+
 
 from twinkle.kernel.linear_logps import LinearLogps, TritonLinearLogps, linear_logps_reference
 
@@ -226,11 +225,9 @@ def test_availability() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_compiled_on_cuda() -> None:
+def test_compiled_on_cuda(run_compiled: Callable[[str], None]) -> None:
     """The checks above with compiled kernels on the GPU, and the backward's memory bound (see _check_cuda)."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
+    run_compiled(__file__)
 
 
 def _check_cuda() -> None:
