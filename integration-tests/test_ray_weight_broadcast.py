@@ -22,7 +22,7 @@ ray = pytest.importorskip("ray")
 
 import twinkle  # noqa: E402
 from twinkle import DeviceGroup, DeviceMesh  # noqa: E402
-from twinkle.infra import shutdown  # noqa: E402
+from twinkle.infra import device_group_of, shutdown  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from logprob_gaps import max_logprob_gap  # noqa: E402  # beside this file
@@ -71,6 +71,7 @@ def test_lora_and_merged_syncs_broadcast_from_the_model_actor_to_every_sampler_a
         model.set_loss("GRPOLoss", epsilon=0.2)
         sampler = TorchSampler(remote_group="sampler", device_mesh=DeviceMesh.from_sizes(dp_size=samplers))
         sampler.set_template("Template", enable_thinking=False)
+        assert device_group_of(model).ranks == [0] and device_group_of(sampler).ranks == sampler_ranks  # apart
         manager = CheckpointEngineManager(model, sampler, transport=transport, bucket_mb=0.25)
         prompts = [{"messages": [{"role": "user", "content": f"What is {n} plus 30?"}]} for n in (12, 7)]
         params = SamplingParams(max_tokens=6, temperature=1.0, seed=1)

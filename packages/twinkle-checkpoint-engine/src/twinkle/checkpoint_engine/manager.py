@@ -10,9 +10,10 @@ serialisation. When the model or the sampler runs as Ray actors
 (``twinkle.initialize(mode='ray')``), the weights are read in the model's
 actor and go through the Ray object store straight to the sampler's actors;
 only a reference passes through the driver. Between actors whose weights are on
-GPUs they are broadcast instead, in buckets over NCCL (:mod:`.broadcast`), from
-the model's first actor to every sampler actor; ``transport="broadcast"`` does so
-between any actors (over gloo where a side is on the CPU).
+GPUs (device groups that share no GPU) they are broadcast instead, in buckets over
+NCCL (:mod:`.broadcast`), from the model's first actor to every sampler actor;
+``transport="broadcast"`` does so between any actors (over gloo where a side is on
+the CPU).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from twinkle.checkpoint_engine import broadcast
 from twinkle.checkpoint_engine.weights import lora_payload, merged_weights
 from twinkle.errors import ConfigurationError
-from twinkle.infra import exchange, relay
+from twinkle.infra import device_group_of, exchange, relay
 from twinkle.registry import register
 from twinkle.utils import get_logger, pick_adapter
 
@@ -98,7 +99,7 @@ class CheckpointEngineManager:
         self.bucket_bytes = int(bucket_mb * 2**20)
         self._key = uuid4().hex  # names this manager's meeting in the model's process
         self._transfers = 0
-        self._on_cuda: bool | None = None
+        self._nccl: bool | None = None  # whether a broadcast goes over NCCL (decided on the first sync)
 
     def sync_weights(self, merge_and_sync: bool = False) -> None:
         """Push the trainer's current weights into the sampler (see the module docstring)."""
@@ -112,24 +113,23 @@ class CheckpointEngineManager:
         """Broadcast the payload from the model's first actor to the sampler's actors, if this sync does."""
         if self.transport == "object_store":
             return False
-        if self._on_cuda is None:  # read once: under Ray each read asks an actor
-            self._on_cuda = all(_device_type(side) == "cuda" for side in (self.model, self.sampler))
-        if self.transport == "auto" and not self._on_cuda:
+        if self._nccl is None:  # read once: under Ray each read asks an actor
+            on_cuda = all(_device_type(side) == "cuda" for side in (self.model, self.sampler))
+            self._nccl = on_cuda and _apart(self.model, self.sampler)
+        if self.transport == "auto" and not self._nccl:
             return False
         self._transfers += 1
         transfer = str(self._transfers)
-        backend = "nccl" if self._on_cuda else "gloo"
+        backend = "nccl" if self._nccl else "gloo"
         prepare = partial(_open, key=self._key, backend=backend, bucket_bytes=self.bucket_bytes)
         send = partial(_send, read=read, lora=lora, transfer=transfer)
         receive = partial(_receive, write=write, lora=lora, transfer=transfer)
-        if exchange(self.model, self.sampler, prepare, send, receive):
-            return True
-        if self.transport == "broadcast":
+        if not exchange(self.model, self.sampler, prepare, send, receive):  # "auto" chose it for two actors
             raise ConfigurationError(
                 "transport='broadcast' moves weights between actors: build the model and the sampler on Ray "
                 "(twinkle.initialize(mode='ray'), remote_group=...)"
             )
-        return False  # "auto" in one process: handed over as they are
+        return True
 
     def _reader_writer(
         self, merge_and_sync: bool
@@ -186,6 +186,12 @@ def _device_type(component: Any) -> str:
     """``"cuda"`` or ``"cpu"``: where a model's or a sampler's weights live (its ``device``)."""
     device = getattr(component, "device", None)
     return str(getattr(device, "type", device or "cpu")).split(":")[0]
+
+
+def _apart(model: Any, sampler: Any) -> bool:
+    """Whether both are actors on device groups that share no device (NCCL cannot join two ranks on one GPU)."""
+    groups = device_group_of(model), device_group_of(sampler)
+    return groups[0] is not None and groups[1] is not None and not set(groups[0].ranks) & set(groups[1].ranks)
 
 
 def _open(model: Any, host: str, receivers: int, key: str, backend: str, bucket_bytes: int) -> broadcast.Meeting:

@@ -14,7 +14,7 @@ from typing import Literal, cast
 
 from twinkle.errors import ConfigurationError
 from twinkle.infra.device_mesh import DeviceGroup, DeviceMesh
-from twinkle.infra.ray.transfer import exchange, relay
+from twinkle.infra.ray.transfer import device_group_of, exchange, relay
 from twinkle.infra.remote import remote_class
 from twinkle.infra.runtime import DEFAULT_GROUP, Runtime, process_group_kwargs, torchrun_env
 from twinkle.utils.logging import get_logger
@@ -142,6 +142,7 @@ __all__ = [
     "DeviceGroup",
     "DeviceMesh",
     "Runtime",
+    "device_group_of",
     "exchange",
     "get_device_placement",
     "get_runtime",

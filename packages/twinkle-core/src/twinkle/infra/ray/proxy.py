@@ -18,6 +18,7 @@ class Backend(Protocol):
     """What a proxy delegates to: the component's class and its workers."""
 
     cls: type
+    group: str  # the name of the device group its workers are placed on
 
     def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
 

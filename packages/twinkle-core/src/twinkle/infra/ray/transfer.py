@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from twinkle.infra.device_mesh import DeviceGroup
 from twinkle.infra.ray.proxy import ActorProxy
 
 
@@ -66,3 +67,12 @@ def _prepare(component: Any, prepare: Callable[[Any, str, int], Any], receivers:
     import ray
 
     return prepare(component, ray.util.get_node_ip_address(), receivers)
+
+
+def device_group_of(component: Any) -> DeviceGroup | None:
+    """The device group an actor component's workers are placed on; ``None`` for a component in this process."""
+    if not isinstance(component, ActorProxy):
+        return None
+    from twinkle.infra import get_runtime  # here: twinkle.infra imports this module
+
+    return get_runtime().groups.get(component._backend.group)
