@@ -3,9 +3,10 @@
 # dependencies fetched) over the machine's torch and triton, with the wheels tools/gpu/fetch_wheels.py
 # downloaded, then runs every test marked `gpu` and the kernels benchmark. See tools/gpu/README.md.
 #
-#   tools/gpu/check.sh [tests|bench|all] [pytest args...]   # from the repository root
+#   tools/gpu/check.sh [tests|vllm|bench|all] [pytest args...]   # from the repository root
 #
-# Logs go to $OUT (default /tmp/twinkle-gpu): gpu-tests.log, gpu-tests.xml, bench-kernels.log, summary.txt.
+# Logs go to $OUT (default /tmp/twinkle-gpu): summary.txt, gpu-tests.log/.xml, vllm-tests.log/.xml (where the
+# machine has vLLM's CUDA build installed), bench-kernels.log.
 set -uo pipefail
 
 what=${1:-all}
@@ -54,6 +55,16 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
 	mapfile -t files < <(grep -rl --include='test_*.py' -e 'mark.gpu' packages kernels integration-tests | sort)
 	step gpu-tests 480 "$python" -m pytest -p no:cacheprovider -m gpu -v -rA --junitxml "$out/gpu-tests.xml" \
 		"${files[@]}" "$@" 2>&1 | tee "$out/gpu-tests.log"
+fi
+if [ "$what" = vllm ] || [ "$what" = all ]; then
+	if "$python" -c "import vllm" 2>/dev/null; then # the marker `vllm` tests, against the CUDA engine
+		VLLM_ENABLE_V1_MULTIPROCESSING=0 step vllm-tests 480 "$python" -m pytest -p no:cacheprovider -m vllm -v -rA \
+			--junitxml "$out/vllm-tests.xml" packages/twinkle-sampler/tests packages/twinkle-server/tests/test_vllm_*.py \
+			"$@" 2>&1 | tee "$out/vllm-tests.log"
+	else
+		echo "vllm-tests: skipped, vLLM is not installed here (its CUDA wheel cannot be carried as a wheel)" |
+			tee -a "$summary"
+	fi
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
 	PYTHONUNBUFFERED=1 step bench-kernels 300 "$python" tools/bench/fused_kernels.py 2>&1 | tee "$out/bench-kernels.log"
