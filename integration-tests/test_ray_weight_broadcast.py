@@ -100,6 +100,22 @@ def test_lora_and_merged_syncs_broadcast_from_the_model_actor_to_every_sampler_a
         assert max_logprob_gap([s.logprobs for s in merged], model.forward_only(inputs=served), served) < 1e-4
         assert _listeners_of_this_test_are_loopback()
 
+        # A payload the model's side cannot read fails there, and its receivers stop with its message.
+        model.add_adapter_to_model("dora", LoraConfig(r=4, target_modules=["q_proj"], use_dora=True), seed=0)
+        refused = CheckpointEngineManager(model, sampler, adapter_name="dora", transport=transport)
+        with pytest.raises(ConfigurationError, match="adapter 'dora' uses DoRA"):
+            refused.sync_weights()
+        advantages = [1.0, 0.5, -1.0, 0.25]
+        model.forward_backward(
+            inputs=inputs, adapter_name="default", old_logps=[s.logprobs for s in first], advantages=advantages
+        )
+        model.clip_grad_and_step(adapter_name="default")
+        manager.sync_weights(merge_and_sync=True)  # the first manager's group is unharmed
+        again = sampler.sample(prompts, params, use_base_model=True, num_samples=2).sequences
+        features = [s.new_input_feature for s in again]
+        trainer = model.forward_only(inputs=features, adapter_name="default")
+        assert max_logprob_gap([s.logprobs for s in again], trainer, features) < 1e-4
+
         with pytest.raises(ConfigurationError, match="transport must be one of"):
             CheckpointEngineManager(model, sampler, transport="nccl")
         with pytest.raises(ConfigurationError, match="bucket_mb must be positive, got 0"):

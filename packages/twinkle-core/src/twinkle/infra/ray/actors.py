@@ -142,6 +142,8 @@ class RemoteComponent:
         """``fn(component, *arguments[i])`` started on worker ``i`` (the first ``len(arguments)`` workers) without
         waiting; returns a function that waits for them all and returns their results."""
         self._check_built()
+        if len(arguments) > len(self.workers):
+            raise ValueError(f"{what}: {len(arguments)} calls for the {len(self.workers)} workers of {self.describe()}")
         refs = [worker.run.remote(fn, args) for worker, args in zip(self.workers, arguments, strict=False)]
         return lambda: self._wait(refs, what)
 
