@@ -12,13 +12,11 @@ tensors is written into the sampler's private temporary directory (removed
 with the adapter, and with the sampler: :mod:`~twinkle.sampler.vllm_adapter_files`). Every new version gets a fresh
 request id, so nothing cached for an old version (weights, prefixes) is used again.
 
-**Base rows and adapters in one batch.** vLLM's CPU LoRA kernels index the
-adapter slots with the row's slot number, ``-1`` for rows without an adapter,
-and ``-1`` picks the *last* slot: a base row then gets whatever adapter that
-slot holds (vLLM 0.32). At start-up a self-test runs a base row alone, then in
-a batch that fills every slot with a random probe adapter; if the row changes,
-every base row is sent through an all-zero adapter instead, which computes the
-base model exactly. The self-test, not the device name, decides.
+**Base rows and adapters in one batch.** vLLM's CPU LoRA kernels give a base
+row that shares a batch with adapters the adapter of the last slot (vLLM 0.32).
+A self-test at start-up (:mod:`~twinkle.sampler.vllm_self_test`) finds out;
+where it happens, every base row goes through an all-zero adapter instead,
+which computes the base model exactly.
 
 **Async engine.** ``async_engine=True`` runs vLLM's ``AsyncLLM`` instead of
 ``vllm.LLM`` (:mod:`twinkle.sampler.vllm_async`): concurrent :meth:`sample`
@@ -60,12 +58,11 @@ from twinkle.sampler.vllm_engine import (
     pack,
 )
 from twinkle.sampler.vllm_outputs import chunks, completion, prompt_logprobs, vllm_params
+from twinkle.sampler.vllm_self_test import base_rows_get_adapters, probe_adapter
 from twinkle.utils import require
 
 # KV cache a CPU engine gets when neither engine_args nor VLLM_CPU_KVCACHE_SPACE sizes it (vLLM requires a size).
 CPU_KV_CACHE_BYTES = 512 << 20
-# A base row whose log-probs move by more than this when probe adapters share its batch has been given one.
-SELF_TEST_ATOL = 1e-4
 
 
 @register("sampler")
@@ -124,9 +121,12 @@ class vLLMSampler(Sampler):
         self._zero: Any = None
         self.base_rows_through_zero_adapter = False
         if self._layers:
-            wrong = self._engine_gives_base_rows_adapters() if zero_adapter_for_base is None else zero_adapter_for_base
+            wrong = zero_adapter_for_base
+            if wrong is None:
+                slots = self._lora_config.max_loras
+                wrong = base_rows_get_adapters(self.llm, self._layers, slots, self._request, self._unload)
             if wrong:
-                self._zero = self._request("zero", *self._probe_adapter(seed=None))
+                self._zero = self._request("zero", *probe_adapter(self._layers, seed=None))
                 self.base_rows_through_zero_adapter = True
 
     # ------------------------------------------------------------------ engine facts
@@ -146,46 +146,6 @@ class vLLMSampler(Sampler):
     @property
     def _lora_config(self) -> Any:
         return self.llm.llm_engine.vllm_config.lora_config
-
-    def _engine_gives_base_rows_adapters(self) -> bool:
-        """Self-test: does a base row sharing a batch with adapters (every slot filled) get a different result?
-
-        Run on a fresh engine (every slot empty), before any adapter is served;
-        probe adapters are random rank-1 updates of one layer, removed afterwards.
-        """
-        from vllm import SamplingParams as VllmSamplingParams
-        from vllm.inputs import TokensPrompt
-
-        prompt = TokensPrompt(prompt_token_ids=list(range(1, 9)))
-        params = VllmSamplingParams(max_tokens=3, temperature=0, logprobs=0, ignore_eos=True)
-        alone = self.llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
-        probes = [self._request("probe", *self._probe_adapter(seed)) for seed in range(self._lora_config.max_loras)]
-        try:
-            outputs = self.llm.generate(
-                [prompt] * (len(probes) + 1), params, lora_request=[None, *probes], use_tqdm=False
-            )
-        finally:
-            for probe in probes:
-                self._unload(probe)
-        rows = [output.outputs[0] for output in outputs]
-        if not any(_differ(alone, probe) for probe in rows[1:]):
-            raise ConfigurationError(
-                "vLLMSampler's self-test is inconclusive: its probe adapters did not change the output, so it "
-                "cannot tell whether base rows are mixed with adapters; pass zero_adapter_for_base=True or False"
-            )
-        return _differ(alone, rows[0])
-
-    def _probe_adapter(self, seed: int | None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """A rank-1 adapter on the model's first linear layer: random (``seed``) or all zeros (``None``)."""
-        module, (fan_in, fan_out) = next(iter(self._layers.items()))
-        config = {"peft_type": "LORA", "r": 1, "lora_alpha": 1, "target_modules": [module.rsplit(".", 1)[-1]]}
-        shapes = {"A": (1, fan_in), "B": (fan_out, 1)}
-        if seed is None:
-            tensors = {part: torch.zeros(shape) for part, shape in shapes.items()}
-        else:
-            generator = torch.Generator().manual_seed(seed)
-            tensors = {part: torch.randn(shape, generator=generator) for part, shape in shapes.items()}
-        return config, {f"base_model.model.{module}.lora_{part}.weight": value for part, value in tensors.items()}
 
     # ------------------------------------------------------------------ adapters
 
@@ -388,14 +348,6 @@ def _engine_in_subprocess() -> bool:
     from vllm import envs
 
     return bool(envs.VLLM_ENABLE_V1_MULTIPROCESSING)
-
-
-def _differ(first: Any, second: Any) -> bool:
-    """Two vLLM completions differ in tokens or in a sampled token's log-prob by more than ``SELF_TEST_ATOL``."""
-    if list(first.token_ids) != list(second.token_ids):
-        return True
-    pairs = zip(first.token_ids, first.logprobs, second.logprobs, strict=True)
-    return any(abs(a[token].logprob - b[token].logprob) > SELF_TEST_ATOL for token, a, b in pairs)
 
 
 def _checkpoint_shapes(model_path: str) -> tuple[dict[str, list[int]], bool]:
