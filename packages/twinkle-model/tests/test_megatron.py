@@ -12,6 +12,8 @@ The tensor-parallel and data-parallel runs are in integration-tests/test_megatro
 
 from __future__ import annotations
 
+import gc
+import inspect
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -229,8 +231,47 @@ def test_activation_checkpointing_recomputes_layers_with_the_same_gradients(mode
         torch.testing.assert_close(recomputed_grads[name], grad, atol=1e-12, rtol=0, msg=name)
 
 
+def _autocast_device(decorated: Any) -> str:
+    """The device whose autocast a ``torch.amp.custom_fwd`` / ``custom_bwd`` function records or restores."""
+    return inspect.getclosurevars(decorated).nonlocals["device_type"]
+
+
 def _count_call(calls: list[str], module: Any, *_: Any) -> None:
     calls.append(type(module).__name__)
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_mixed_precision_on_the_cpu_follows_the_float32_curve(lora, sft_features):
+    """``mixed_precision="bf16"`` on a CPU: megatron's linear layers restore CPU autocast in backward (through
+    ``MegatronAutocastPatch``; they do so for CUDA only), so the step runs, close to float32's."""
+    from megatron.core.tensor_parallel import layers
+
+    from twinkle.patch import MegatronAutocastPatch, applied_patches, apply_patch, remove_patch
+
+    curves = {}
+    for precision in ("no", "bf16"):
+        model = megatron.MegatronModel(MODEL, device="cpu", dtype=torch.float32, mixed_precision=precision)
+        if lora:
+            model.add_adapter_to_model("default", {"r": 4, "target_modules": "all-linear"}, seed=0)
+        model.set_optimizer("AdamW", lr=1e-2 if lora else 1e-3)
+        curves[precision] = []
+        for step in range(3):
+            loss = model.forward_backward(sft_features[4 * step : 4 * step + 4]).loss
+            curves[precision].append((loss, model.clip_grad_and_step()["grad_norm"]))
+    assert applied_patches(model.model) == ["MegatronAutocastPatch"]
+    for (loss, norm), (exact_loss, exact_norm) in zip(curves["bf16"], curves["no"], strict=True):
+        assert loss == pytest.approx(exact_loss, rel=1e-2) and norm == pytest.approx(exact_norm, rel=5e-2)
+    functions = (layers.LinearWithFrozenWeight, layers.LinearWithGradAccumulationAndAsyncCommunication)
+    assert {_autocast_device(f.forward) for f in functions} | {_autocast_device(f.backward) for f in functions} == {
+        "cpu"
+    }
+    gc.collect()  # models of earlier tests release the patch as they go
+    remove_patch(model.model, "MegatronAutocastPatch")  # the last holder: megatron's own decorators again (CUDA's)
+    assert {_autocast_device(f.forward) for f in functions} | {_autocast_device(f.backward) for f in functions} == {
+        "cuda"
+    }
+    with pytest.raises(ConfigurationError, match="has none"):
+        apply_patch(torch.nn.Linear(2, 2), MegatronAutocastPatch())
 
 
 def test_a_seeded_adapter_is_the_same_in_any_dtype():

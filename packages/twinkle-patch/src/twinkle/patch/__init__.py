@@ -10,11 +10,13 @@
 from twinkle.patch.accelerate import KernelsSpec, accelerate
 from twinkle.patch.apply import PatchSpec, applied_patches, apply_patch, patched, remove_patch
 from twinkle.patch.fused_logps import FusedLinearLogpsPatch
+from twinkle.patch.megatron_autocast import MegatronAutocastPatch
 from twinkle.patch.qwen3_template import Qwen3ThinkingTemplatePatch
 
 __all__ = [
     "FusedLinearLogpsPatch",
     "KernelsSpec",
+    "MegatronAutocastPatch",
     "PatchSpec",
     "Qwen3ThinkingTemplatePatch",
     "accelerate",

@@ -37,7 +37,7 @@ from twinkle.model.parallel import Parallelism
 from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.model.training_model import TrainingModel
 from twinkle.module import ExpertLora, check_lora_keys, read_adapter_dir, write_adapter_dir
-from twinkle.patch import KernelsSpec, PatchSpec
+from twinkle.patch import KernelsSpec, MegatronAutocastPatch, PatchSpec, apply_patch
 from twinkle.registry import register
 
 # transformers' options of a MoE model's router loss, which MegatronModel takes too.
@@ -95,6 +95,8 @@ class MegatronModel(TrainingModel):
         if parallel.experts is not None:  # and the experts' LoRA pairs, too
             model.lora.expert_block = (parallel.experts.rank_in_group, parallel.experts.size)
         enable_activation_checkpointing(model, gradient_checkpointing)
+        if self.device.type == "cpu" and self.mixed_precision != "no":  # megatron restores autocast on CUDA only
+            apply_patch(model, MegatronAutocastPatch("cpu"))
         return model.train()
 
     def load_full_weights(self, path: Path) -> None:
