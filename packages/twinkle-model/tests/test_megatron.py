@@ -292,17 +292,20 @@ def test_a_seeded_adapter_is_the_same_in_any_dtype():
 @pytest.mark.parametrize("model_id", [MODEL, MOE_MODEL], ids=["dense", "moe"])
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 @pytest.mark.parametrize(
-    ("dtype", "loss_tolerance", "norm_tolerance"),
-    [(torch.float32, 1e-4, 1e-3), (torch.bfloat16, 5e-2, 0.25)],
-    ids=["fp32", "bf16"],
+    ("dtype", "precision", "loss_tolerance", "norm_tolerance"),
+    [(torch.float32, "no", 1e-4, 1e-3), (torch.bfloat16, "no", 5e-2, 0.25), (torch.float32, "bf16", 5e-2, 0.25)],
+    ids=["fp32", "bf16", "autocast-bf16"],
 )
-def test_on_cuda_training_follows_the_cpu_curve(model_id, lora, dtype, loss_tolerance, norm_tolerance, sft_features):
+def test_on_cuda_training_follows_the_cpu_curve(
+    model_id, lora, dtype, precision, loss_tolerance, norm_tolerance, sft_features
+):
     """Five steps on the GPU against the same steps on the CPU in float64 (the same seeded adapter on both):
-    the same losses and gradient norms, within what the GPU's precision allows. In bfloat16 the runs drift
-    apart step by step (measured on CPU: up to 2% in loss and 16% in a MoE LoRA's norm by the fifth)."""
+    the same losses and gradient norms, within what the GPU's precision allows (bfloat16 weights, or float32
+    weights under bfloat16 autocast). In bfloat16 the runs drift apart step by step (measured on CPU: up to
+    2% in loss and 16% in a MoE LoRA's norm by the fifth)."""
     curves = {}
-    for device, run_dtype in (("cpu", DTYPE), ("cuda", dtype)):
-        model = megatron.MegatronModel(model_id, device=device, dtype=run_dtype)
+    for device, run_dtype, mixed_precision in (("cpu", DTYPE, "no"), ("cuda", dtype, precision)):
+        model = megatron.MegatronModel(model_id, device=device, dtype=run_dtype, mixed_precision=mixed_precision)
         if lora:
             model.add_adapter_to_model("default", {"r": 4, "target_modules": "all-linear"}, seed=0)
         model.set_optimizer("AdamW", lr=1e-2 if lora else 1e-3)
