@@ -77,7 +77,9 @@ class CheckpointEngineManager:
     it under the same name, and a ``sample`` without ``adapter_name`` uses it
     while it is the sampler's only adapter (``use_base_model=True`` samples the
     bare base). A model without adapters (full-parameter training) can only
-    be synced with ``merge_and_sync=True``.
+    be synced with ``merge_and_sync=True``. ``transport`` says how weights
+    travel between actors (``"auto"``, ``"object_store"``, ``"broadcast"``: see
+    the module docstring), ``bucket_mb`` the size of a broadcast's buckets.
     """
 
     def __init__(
