@@ -130,8 +130,7 @@ def test_broadcast_needs_actors_on_both_sides():
     from twinkle.model import TransformersModel
     from twinkle.sampler import TorchSampler
 
-    twinkle.initialize(mode="local", seed=0)
-    model, sampler = TransformersModel(device="cpu"), TorchSampler(device="cpu")
+    model, sampler = TransformersModel(device="cpu"), TorchSampler(device="cpu")  # in this process
     manager = CheckpointEngineManager(model, sampler, transport="broadcast")
     with pytest.raises(ConfigurationError, match="transport='broadcast' moves weights between actors"):
         manager.sync_weights(merge_and_sync=True)
