@@ -38,14 +38,15 @@ from twinkle.model import TransformersModel
 from twinkle.sampler import TorchSampler
 
 RANK = 16
-LINEAR = {  # (in, out) of each adapted projection of a Qwen3-0.6B layer
-    "q_proj": (1024, 16 * 128),
-    "k_proj": (1024, 8 * 128),
-    "v_proj": (1024, 8 * 128),
-    "o_proj": (16 * 128, 1024),
-    "gate_proj": (1024, 3072),
-    "up_proj": (1024, 3072),
-    "down_proj": (3072, 1024),
+_HIDDEN, _HEAD_DIM = QWEN3_06B["hidden_size"], QWEN3_06B["head_dim"]
+LINEAR = {  # (in, out) of each adapted projection of a layer
+    "q_proj": (_HIDDEN, QWEN3_06B["num_attention_heads"] * _HEAD_DIM),
+    "k_proj": (_HIDDEN, QWEN3_06B["num_key_value_heads"] * _HEAD_DIM),
+    "v_proj": (_HIDDEN, QWEN3_06B["num_key_value_heads"] * _HEAD_DIM),
+    "o_proj": (QWEN3_06B["num_attention_heads"] * _HEAD_DIM, _HIDDEN),
+    "gate_proj": (_HIDDEN, QWEN3_06B["intermediate_size"]),
+    "up_proj": (_HIDDEN, QWEN3_06B["intermediate_size"]),
+    "down_proj": (QWEN3_06B["intermediate_size"], _HIDDEN),
 }
 
 
@@ -68,7 +69,6 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=256)
     args = parser.parse_args()
     layers = 4 if args.quick else args.layers
-    assert QWEN3_06B["hidden_size"] == 1024  # LINEAR's widths
     lora_mib = layers * sum(RANK * (i + o) for i, o in LINEAR.values()) * 4 / 2**20
     with tempfile.TemporaryDirectory() as folder:
         path = random_qwen3(Path(folder), layers)

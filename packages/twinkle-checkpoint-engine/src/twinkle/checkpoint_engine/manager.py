@@ -186,8 +186,7 @@ def _materialized(read: Callable[[Any], Any], model: Any) -> Any:
 
 def _device_type(component: Any) -> str:
     """``"cuda"`` or ``"cpu"``: where a model's or a sampler's weights live (its ``device``)."""
-    device = getattr(component, "device", None)
-    return str(getattr(device, "type", device or "cpu")).split(":")[0]
+    return torch.device(getattr(component, "device", None) or "cpu").type
 
 
 def _apart(model: Any, sampler: Any) -> bool:

@@ -18,11 +18,7 @@ def seeded(seed: int | None) -> Iterator[None]:
         return
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigurationError(f"seed must be an int, got {seed!r}")
-    if not torch.cuda.is_initialized():  # seeding CUDA now would seed it when it starts, after this block
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(seed)
-            yield
-        return
-    with torch.random.fork_rng(devices=range(torch.cuda.device_count())):
-        torch.manual_seed(seed)
+    cuda = torch.cuda.is_initialized()  # seeding CUDA before it starts would seed it when it starts, after this block
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if cuda else []):
+        (torch.manual_seed if cuda else torch.default_generator.manual_seed)(seed)
         yield

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -198,15 +198,19 @@ class PassEngine:
             if inputs.error is not None:
                 raise inputs.error
             on_device = inputs.on_device if inputs.on_device is not None else self._on_device(batch)
-            with self.route(inputs.row_adapters, on_device), self._replay(on_device), self._autocast():
-                labels, targets, router_logits = host.parallel.run(
-                    self._forward, host.model, on_device, target_rows, reads_labels, return_logits, router
-                )
-            total = self._total_loss(part, batch, spans, labels, targets, _RouterLosses(router, router_logits))
-            if before_backward is not None:  # outside this pass's routing: it routes another pass's rows
-                before_backward()
-            if total is not None:  # within the rows' adapters and experts again: checkpointed layers recompute
-                with self.route(inputs.row_adapters, on_device), self._replay(on_device):
+            # Forward, loss and backward within the rows' adapters and experts: checkpointed layers recompute.
+            with ExitStack() as routed:
+                self._enter_routing(routed, inputs.row_adapters, on_device)
+                with self._autocast():
+                    labels, targets, router_logits = host.parallel.run(
+                        self._forward, host.model, on_device, target_rows, reads_labels, return_logits, router
+                    )
+                total = self._total_loss(part, batch, spans, labels, targets, _RouterLosses(router, router_logits))
+                if before_backward is not None:  # it routes another pass's rows: outside this one's, then back
+                    routed.close()
+                    before_backward()
+                    self._enter_routing(routed, inputs.row_adapters, on_device)
+                if total is not None:
                     total.backward()
         except Exception as exc:  # the pass itself failed: every plan in it reports it
             for plan, _, _ in part:
@@ -279,6 +283,11 @@ class PassEngine:
         labels = label_logps(model, hidden_BTH, batch, chunk_size, return_logits, kernel) if reads_labels else None
         targets = target_row_logps(model, hidden_BTH, target_rows, chunk_size, kernel) if target_rows else {}
         return labels, targets, decoded.router_logits_BTE
+
+    def _enter_routing(self, stack: ExitStack, row_adapters: Sequence[str | None], batch: dict[str, Any]) -> None:
+        """The pass's rows' adapters (``route``) and recorded experts (``_replay``), entered on ``stack``."""
+        stack.enter_context(self.route(row_adapters, batch))
+        stack.enter_context(self._replay(batch))
 
     def _replay(self, batch: dict[str, torch.Tensor]) -> AbstractContextManager[None]:
         """Router replay of the batch's recorded experts (features from a sampler that recorded them)."""
