@@ -88,6 +88,7 @@ from pathlib import Path
 
 from server_procs import MODEL_ID, Server, started_servers  # siblings (run from here)
 from server_tenants import (
+    KINDS,
     LEARNING_RATE,
     LORA,
     MAX_GRAD_NORM,
@@ -181,6 +182,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=8, help="timed steps per side in (1)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per side first in (1)")
     parser.add_argument("--tenants", type=int, nargs="+", default=[1, 4, 8], help="tenant counts in (2); at most 8")
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="tenant kinds in (2)")
     parser.add_argument("--tenant-batch", type=int, default=2, help="sequences per tenant step in (2)")
     parser.add_argument("--tenant-length", type=int, default=128, help="tokens per sequence in (2)")
     parser.add_argument("--tenant-steps", type=int, default=3, help="steps per tenant per measurement in (2)")

@@ -64,3 +64,14 @@ def test_a_forward_without_backward_leaves_its_buffer_free():
     torch.testing.assert_close(logps, _autograd(hidden, weight, labels).detach(), atol=1e-12, rtol=0)
     chunked_token_logps(hidden.detach(), weight.detach(), labels)  # nothing requires a gradient
     assert CPU_BUFFERS.free_bytes == 12 * 40 * 8
+
+
+def test_a_frozen_output_layer_frees_every_buffer_in_the_forward():
+    """Training below the output layer keeps ``softmax @ W`` for the backward, no ``[chunk, V]`` buffer."""
+    CPU_BUFFERS.clear()
+    hidden, weight, labels = _case(0)
+    weight = weight.detach()
+    logps = chunked_token_logps(hidden, weight, labels, chunk_size=5).logps
+    assert CPU_BUFFERS.free_bytes == 5 * 40 * 8, "each chunk's buffer is free for the next one before the backward"
+    logps.sum().backward()
+    torch.testing.assert_close(hidden.grad, torch.autograd.grad(_autograd(hidden, weight, labels).sum(), hidden)[0])

@@ -23,3 +23,32 @@ def test_errors_are_clear():
         build_optimizer(torch.optim.SGD(params, lr=0.1), params)
     with pytest.raises(ConfigurationError, match=r"not a torch\.optim\.Optimizer"):
         optimizer_class(dict)
+
+
+def _steps(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], grads: list[torch.Tensor]) -> None:
+    for grad in grads:
+        for param in params:
+            param.grad = grad.clone()
+        optimizer.step()
+
+
+def test_cpu_parameters_get_the_fused_kernel_with_plain_torch_results():
+    torch.manual_seed(0)
+    start = torch.randn(3, 5)
+    grads = [torch.randn(3, 5) for _ in range(4)]
+    ours = [torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone() * 2)]
+    plain = [torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone() * 2)]
+    optimizer = build_optimizer("AdamW", (param for param in ours), lr=0.1, weight_decay=0.01)  # a generator too
+    assert optimizer.defaults["fused"] is True
+    _steps(optimizer, ours, grads)
+    _steps(torch.optim.AdamW(plain, lr=0.1, weight_decay=0.01), plain, grads)
+    for got, want in zip(ours, plain, strict=True):
+        torch.testing.assert_close(got.detach().double(), want.detach().double(), atol=1e-6, rtol=0)
+
+
+def test_the_callers_implementation_choice_and_optimizers_without_a_fused_kernel_are_left_alone():
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert not build_optimizer("AdamW", params, lr=0.1, foreach=False).defaults["fused"]
+    assert not build_optimizer("AdamW", [{"params": params, "lr": 0.2}], lr=0.1, foreach=True).defaults["fused"]
+    assert build_optimizer("AdamW", [{"params": params, "lr": 0.2}], lr=0.1).defaults["fused"] is True
+    assert "fused" not in build_optimizer("RMSprop", params, lr=0.1).defaults

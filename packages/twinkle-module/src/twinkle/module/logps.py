@@ -2,18 +2,24 @@
 
 For a 151k vocabulary, full float32 logits of a batch of 8×4096 tokens take
 20 GB. :func:`chunked_token_logps` walks over the tokens in chunks so only one
-chunk's logits are alive at a time. When all chunks' probabilities fit in
-``max_saved_bytes`` (4 GiB by default; a plain cross-entropy over the same
-tokens keeps its logits *and* their log-softmax, twice as much) they are kept
-for the backward, so nothing is computed twice; beyond that the backward
-recomputes each chunk's logits instead of storing them (the trade made by
-fused linear cross-entropy kernels: twinkle-kernels' ``TritonLinearLogps``
-replaces this function in kernelized models). A chunk's logits become its
-softmax in place, so one ``chunk × V`` buffer is alive at a time. Callers pass
-only supervised positions, so prompt tokens cost nothing in the output layer. LoRA on the output layer
-enters as :class:`LowRankTerm` s added to the logits inside the same chunks,
-so an adapted ``lm_head`` keeps this path's speed and memory bound. On a CPU
-the chunks' buffers are reused from pass to pass (:mod:`.chunk_buffers`).
+chunk's logits are alive at a time; they become their exponentials (less the
+row's maximum) in place. Callers pass only supervised positions, so prompt
+tokens cost nothing in the output layer.
+
+What the backward needs of each chunk depends on what is trained. When only
+the layers below the output layer are (LoRA on the decoder, the usual case),
+the gradient is linear in the loss's per-token scale, so the forward keeps just
+the softmax's product with the output layer (``[N, H]``, computed while the
+chunk is in cache) and nothing ``× V`` outlives its chunk. When the output
+layer is trained, the probabilities are kept if they fit in
+``max_saved_bytes`` (4 GiB by default; a plain cross-entropy keeps its logits
+*and* their log-softmax, twice as much), else the backward recomputes each
+chunk's logits (the trade made by fused linear cross-entropy kernels:
+twinkle-kernels' ``TritonLinearLogps`` replaces this function in kernelized
+models). LoRA on the output layer enters as :class:`LowRankTerm` s added to
+the logits inside the same chunks, so an adapted ``lm_head`` keeps this path's
+speed and memory bound. On a CPU the chunks' buffers are reused from pass to
+pass (:mod:`.chunk_buffers`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from twinkle.data_format import IGNORE_INDEX
 from twinkle.module.chunk_buffers import ChunkBuffers
 
 DEFAULT_MAX_SAVED_BYTES = 4 << 30
+CPU_CHUNK_BYTES = 64 << 20  # a CPU chunk's logits when none are kept for the backward (110 positions at V=151,936)
 CPU_BUFFERS = ChunkBuffers()  # the chunks' logits buffers that CPU passes reuse
 
 
@@ -74,7 +81,10 @@ class LowRankTerm(NamedTuple):
 class _ChunkedTokenLogps(torch.autograd.Function):
     """``logps_N = log_softmax(hidden_NH @ weight_VH.T + low-rank terms)[labels_N]`` with O(chunk × V) live memory.
 
-    The terms' ``(u, B)`` follow the fixed inputs as flat tensor arguments, so each gets its gradient.
+    The terms' ``(u, B)`` follow the fixed inputs as flat tensor arguments, so each gets its gradient. How the
+    backward gets the softmax is the ``mode`` (see :func:`chunked_token_logps`): ``"project"`` keeps only its
+    products with the output layer (``softmax @ W``, ``softmax @ B``), ``"save"`` keeps it, ``"recompute"``
+    computes it again, ``"none"`` has no backward to come.
     """
 
     @staticmethod
@@ -84,28 +94,33 @@ class _ChunkedTokenLogps(torch.autograd.Function):
         weight_VH: torch.Tensor,
         labels_N: torch.Tensor,
         chunk_size: int,
-        save_probs: bool,
+        mode: str,
         positions: tuple[torch.Tensor | None, ...],
         *factors: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         dtype = logps_dtype(weight_VH.dtype)
         logps_N = torch.empty(labels_N.shape, dtype=dtype, device=hidden_NH.device)
         correct_N = torch.empty(labels_N.shape, dtype=torch.bool, device=hidden_NH.device)
-        saved_probs = []
+        saved_exps: list[tuple[torch.Tensor, torch.Tensor]] = []
         terms = _terms(positions, factors)
+        projected = _Projected.empty(ctx, hidden_NH, terms) if mode == "project" else None
         for start in range(0, hidden_NH.shape[0], chunk_size):
             end = start + chunk_size
             logits_CV = _chunk_logits(hidden_NH, weight_VH, terms, start, end, dtype)
             labels_C = labels_N[start:end]
-            correct_N[start:end] = logits_CV.argmax(-1) == labels_C
-            label_logits_C = _label_logits(logits_CV, labels_C)  # before the logits become probabilities
-            logps_N[start:end] = _picked_logps(label_logits_C, labels_C, _softmax_(logits_CV))
-            if save_probs:
-                saved_probs.append(logits_CV)
+            label_logits_C = _label_logits(logits_CV, labels_C)  # before the logits become exponentials
+            max_C = logits_CV.amax(-1)
+            correct_N[start:end] = _greedy_hits(logits_CV, labels_C, label_logits_C, max_C)
+            sum_C = _exp_shifted_(logits_CV, max_C)
+            logps_N[start:end] = _picked_logps(label_logits_C, labels_C, max_C + sum_C.log())
+            if projected is not None:
+                projected.add(logits_CV, sum_C, weight_VH, terms, start, end)
+            if mode == "save":
+                saved_exps.append((logits_CV, sum_C))
             else:
                 _release(logits_CV)
         ctx.save_for_backward(hidden_NH, weight_VH, labels_N, *factors)
-        ctx.chunk_size, ctx.saved_probs, ctx.positions = chunk_size, saved_probs, positions
+        ctx.chunk_size, ctx.saved_exps, ctx.positions, ctx.projected = chunk_size, saved_exps, positions, projected
         ctx.mark_non_differentiable(correct_N)
         return logps_N, correct_N
 
@@ -115,6 +130,10 @@ class _ChunkedTokenLogps(torch.autograd.Function):
     ) -> tuple[torch.Tensor | None, ...]:
         hidden_NH, weight_VH, labels_N, *factors = ctx.saved_tensors
         terms = _terms(ctx.positions, factors)
+        if ctx.projected is not None:
+            grad_hidden, grads = ctx.projected.gradients(grad_logps_N, labels_N, weight_VH, terms)
+            ctx.projected = None
+            return grad_hidden, None, None, None, None, None, *grads
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden_NH) if need_hidden else None
         dtype = logps_dtype(weight_VH.dtype)
@@ -126,15 +145,16 @@ class _ChunkedTokenLogps(torch.autograd.Function):
         for index, start in enumerate(range(0, hidden_NH.shape[0], ctx.chunk_size)):
             end = start + ctx.chunk_size
             hidden_CH, labels_C = hidden_NH[start:end], labels_N[start:end]
-            if ctx.saved_probs:
-                probs_CV = ctx.saved_probs[index]
+            if ctx.saved_exps:
+                exps_CV, sum_C = ctx.saved_exps[index]
             else:
-                probs_CV = _chunk_logits(hidden_NH, weight_VH, terms, start, end, dtype)
-                _softmax_(probs_CV)
+                exps_CV = _chunk_logits(hidden_NH, weight_VH, terms, start, end, dtype)
+                sum_C = _exp_shifted_(exps_CV, exps_CV.amax(-1))
             valid_C = labels_C != IGNORE_INDEX
-            # d logp / d logits = onehot(label) - softmax(logits), scaled by the incoming gradient.
+            # d logp / d logits = onehot(label) - softmax(logits), scaled by the incoming gradient; the softmax's
+            # division folds into the scale (one pass over the chunk fewer).
             scale_C = torch.where(valid_C, grad_logps_N[start:end].to(dtype), 0.0)
-            grad_logits_CV = probs_CV.mul_(-scale_C.unsqueeze(-1))
+            grad_logits_CV = exps_CV.mul_((-scale_C / sum_C).unsqueeze(-1))
             rows = valid_C.nonzero(as_tuple=True)[0]
             grad_logits_CV[rows, labels_C[rows]] += scale_C[rows]
             grad_logits_CV = grad_logits_CV.to(hidden_NH.dtype)
@@ -150,23 +170,96 @@ class _ChunkedTokenLogps(torch.autograd.Function):
                     grad_u[first:last] = (grad_CV @ term.B_VR).to(dtype)
                 if grad_B is not None:
                     grad_B += (grad_CV.T @ term.u_nR[first:last]).to(dtype)
-            _release(probs_CV)  # nothing computed from it refers to it
-        ctx.saved_probs = []
+            _release(exps_CV)  # nothing computed from it refers to it
+        ctx.saved_exps = []
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight_VH.dtype)
         grads = [None if g is None else g.to(f.dtype) for g, f in zip(grad_factors, factors, strict=True)]
         return grad_hidden, grad_weight, None, None, None, None, *grads
 
 
-def _softmax_(logits_CV: torch.Tensor) -> torch.Tensor:
-    """Each row's log-sum-exp; ``logits_CV`` (the chunk's own buffer) becomes its softmax in place.
+class _Projected:
+    """The softmax's products with the output layer, gathered chunk by chunk in the forward (mode ``"project"``).
+
+    When only the hidden states and the terms' ``u`` need gradients, the gradient is linear in the incoming
+    ``scale`` (``d logp / d logits = onehot(label) - softmax``), so ``grad_hidden = scale * (W[label] - softmax
+    @ W)`` and ``grad_u = scale * (B[label] - softmax @ B)``: the forward computes ``softmax @ W`` and ``softmax @
+    B`` while each chunk is in cache, and keeps ``[N, H]`` and ``[n, R]`` instead of the ``[N, V]`` softmax.
+    """
+
+    def __init__(self, softmax_W_NH: torch.Tensor | None, softmax_B: list[torch.Tensor | None]) -> None:
+        self.softmax_W_NH = softmax_W_NH
+        self.softmax_B = softmax_B  # per term: [n, R] (None: its u needs no gradient)
+
+    @classmethod
+    def empty(cls, ctx: Any, hidden_NH: torch.Tensor, terms: Sequence[LowRankTerm]) -> _Projected:
+        need_u = ctx.needs_input_grad[6::2]
+        return cls(
+            torch.empty_like(hidden_NH) if ctx.needs_input_grad[0] else None,
+            [torch.empty_like(term.u_nR) if need else None for term, need in zip(terms, need_u, strict=True)],
+        )
+
+    def add(
+        self,
+        exps_CV: torch.Tensor,
+        sum_C: torch.Tensor,
+        weight_VH: torch.Tensor,
+        terms: Sequence[LowRankTerm],
+        start: int,
+        end: int,
+    ) -> None:
+        inverse_C1 = sum_C.reciprocal().unsqueeze(-1)
+        if self.softmax_W_NH is not None:
+            torch.mm(exps_CV, weight_VH, out=self.softmax_W_NH[start:end]).mul_(inverse_C1)
+        for term, softmax_B_nR in zip(terms, self.softmax_B, strict=True):
+            if softmax_B_nR is not None:
+                local, first, last = _in_chunk(term, start, end)
+                rows = _rows(local)
+                exps_cV, inverse_c1 = (exps_CV, inverse_C1) if rows is None else (exps_CV[rows], inverse_C1[rows])
+                softmax_B_nR[first:last] = (exps_cV @ term.B_VR) * inverse_c1
+
+    def gradients(
+        self, grad_logps_N: torch.Tensor, labels_N: torch.Tensor, weight_VH: torch.Tensor, terms: Sequence[LowRankTerm]
+    ) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
+        """``grad_hidden`` and the factors' gradients (``u``'s where asked for; never ``B``'s)."""
+        valid_N = labels_N != IGNORE_INDEX
+        scale_N1 = torch.where(valid_N, grad_logps_N.to(weight_VH.dtype), 0.0).unsqueeze(-1)
+        safe_N = torch.where(valid_N, labels_N, 0)
+        grad_hidden = None
+        if self.softmax_W_NH is not None:
+            grad_hidden = weight_VH[safe_N].sub_(self.softmax_W_NH).mul_(scale_N1)
+        grads: list[torch.Tensor | None] = []
+        for term, softmax_B_nR in zip(terms, self.softmax_B, strict=True):
+            grad_u = None
+            if softmax_B_nR is not None:
+                rows = slice(None) if term.positions_n is None else term.positions_n
+                grad_u = term.B_VR[safe_N[rows]].sub_(softmax_B_nR).mul_(scale_N1[rows])
+            grads += [grad_u, None]
+        return grad_hidden, grads
+
+
+def _exp_shifted_(logits_CV: torch.Tensor, max_C: torch.Tensor) -> torch.Tensor:
+    """Each row's sum of ``exp(logits - max)``; ``logits_CV`` (the chunk's own buffer) becomes those exponentials
+    in place (the softmax but for the division by the sum, which the backward folds into its scale).
 
     ``torch.logsumexp`` and ``torch.softmax`` would each allocate a second ``[C, V]`` buffer.
     """
-    max_C1 = logits_CV.amax(-1, keepdim=True)
-    sum_C1 = logits_CV.sub_(max_C1).exp_().sum(-1, keepdim=True)
-    logits_CV.div_(sum_C1)
-    return (max_C1 + sum_C1.log()).squeeze(-1)
+    return logits_CV.sub_(max_C.unsqueeze(-1)).exp_().sum(-1)
+
+
+def _greedy_hits(
+    logits_CV: torch.Tensor, labels_C: torch.Tensor, label_logits_C: torch.Tensor, max_C: torch.Tensor
+) -> torch.Tensor:
+    """``argmax(logits) == label`` per row, searching only the rows whose label's logit is the maximum.
+
+    Only those rows can be hits, and only they need an argmax (the first maximum, as ``argmax`` ties go): a
+    search of every row (a slow reduction on a CPU) cost a quarter of a small model's pass.
+    """
+    hits_C = (label_logits_C == max_C) & (labels_C != IGNORE_INDEX)
+    rows = hits_C.nonzero(as_tuple=True)[0]
+    if len(rows):
+        hits_C[rows] = logits_CV[rows].max(-1).indices == labels_C[rows]
+    return hits_C
 
 
 def _release(logits_CV: torch.Tensor) -> None:
@@ -239,18 +332,47 @@ def chunked_token_logps(
 
     The caller aligns hidden states and labels (for causal LMs: the hidden state
     of position ``t-1`` with the label of position ``t``). Ignored labels get 0.
-    Memory is bounded by ``chunk_size × V`` plus, only if it fits in
-    ``max_saved_bytes``, the probabilities kept for the backward.
+    Memory is bounded by ``chunk_size × V`` plus, when the output layer is
+    trained and they fit in ``max_saved_bytes``, the probabilities kept for the
+    backward. On a CPU, chunks whose logits are not kept are also capped at
+    :data:`CPU_CHUNK_BYTES`.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    itemsize = torch.empty((), dtype=logps_dtype(weight_VH.dtype)).element_size()
     positions = tuple(term.positions_n for term in low_rank)
     factors = [tensor for term in low_rank for tensor in (term.u_nR, term.B_VR)]
-    backward = torch.is_grad_enabled() and any(t.requires_grad for t in (hidden_NH, weight_VH, *factors))
-    # Without a backward to come, each chunk's buffer is free (for the next chunk or pass) as soon as it is used.
-    save_probs = backward and labels_N.numel() * weight_VH.shape[0] * itemsize <= max_saved_bytes
+    mode = _backward_mode(hidden_NH, weight_VH, low_rank, labels_N.numel() * weight_VH.shape[0], max_saved_bytes)
+    if mode in ("project", "none") and hidden_NH.device.type == "cpu":
+        # Nothing × V outlives its chunk, so a cache-sized chunk is read from cache by each pass over it (the
+        # matmul's output, max, exp, sum, the product with W): 2.1x faster 8-tenant passes of a 151,936-token
+        # vocabulary than one chunk of 1,024 positions on a 2-core VM (tools/bench/README.md).
+        itemsize = torch.empty((), dtype=logps_dtype(weight_VH.dtype)).element_size()
+        chunk_size = min(chunk_size, max(1, CPU_CHUNK_BYTES // (weight_VH.shape[0] * itemsize)))
     logps_N, correct_N = _ChunkedTokenLogps.apply(  # type: ignore[no-untyped-call]  # torch leaves apply untyped
-        hidden_NH, weight_VH, labels_N, chunk_size, save_probs, positions, *factors
+        hidden_NH, weight_VH, labels_N, chunk_size, mode, positions, *factors
     )
     return TokenLogps(logps_N, correct_N)
+
+
+def _backward_mode(
+    hidden_NH: torch.Tensor,
+    weight_VH: torch.Tensor,
+    low_rank: Sequence[LowRankTerm],
+    softmax_numel: int,
+    max_saved_bytes: int,
+) -> str:
+    """How the backward gets the softmax (see :class:`_ChunkedTokenLogps`).
+
+    ``"project"`` when neither the output layer nor a term's ``B`` is trained and everything is in the logps'
+    dtype (float32 or float64: half precision would round ``W[label] - softmax @ W`` of a confident row where
+    the other modes round its small difference); else ``"save"`` when the softmax fits ``max_saved_bytes``.
+    """
+    factors = [tensor for term in low_rank for tensor in (term.u_nR, term.B_VR)]
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (hidden_NH, weight_VH, *factors))):
+        return "none"  # each chunk's buffer is free (for the next chunk or pass) as soon as it is used
+    dtype = logps_dtype(weight_VH.dtype)
+    trained_output = weight_VH.requires_grad or any(term.B_VR.requires_grad for term in low_rank)
+    if not trained_output and all(t.dtype == dtype for t in (hidden_NH, weight_VH, *factors)):
+        return "project"
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return "save" if softmax_numel * itemsize <= max_saved_bytes else "recompute"
