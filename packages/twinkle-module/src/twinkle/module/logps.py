@@ -161,7 +161,7 @@ class _ChunkedTokenLogps(torch.autograd.Function):
             if grad_hidden is not None:
                 grad_hidden[start:end] = grad_logits_CV @ weight_VH
             if grad_weight is not None:
-                grad_weight += (grad_logits_CV.T @ hidden_CH).to(dtype)
+                _add_product_(grad_weight, grad_logits_CV.T, hidden_CH)
             for term, grad_u, grad_B in zip(terms, grad_factors[::2], grad_factors[1::2], strict=True):
                 local, first, last = _in_chunk(term, start, end)
                 rows = _rows(local)
@@ -169,7 +169,7 @@ class _ChunkedTokenLogps(torch.autograd.Function):
                 if grad_u is not None:
                     grad_u[first:last] = (grad_CV @ term.B_VR).to(dtype)
                 if grad_B is not None:
-                    grad_B += (grad_CV.T @ term.u_nR[first:last]).to(dtype)
+                    _add_product_(grad_B, grad_CV.T, term.u_nR[first:last])
             _release(exps_CV)  # nothing computed from it refers to it
         ctx.saved_exps = []
         if grad_weight is not None:
@@ -236,6 +236,14 @@ class _Projected:
                 grad_u = term.B_VR[safe_N[rows]].sub_(softmax_B_nR).mul_(scale_N1[rows])
             grads += [grad_u, None]
         return grad_hidden, grads
+
+
+def _add_product_(total: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> None:
+    """``total += left @ right``, in place when the dtypes agree (no ``[V, ·]`` temporary per chunk)."""
+    if left.dtype == right.dtype == total.dtype:
+        total.addmm_(left, right)
+    else:
+        total += (left @ right).to(total.dtype)
 
 
 def _exp_shifted_(logits_CV: torch.Tensor, max_C: torch.Tensor) -> torch.Tensor:
