@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from twinkle.errors import ComponentNotFoundError, ConfigurationError
-from twinkle.module import build_optimizer, optimizer_class
+from twinkle.module import build_optimizer, keeping_implementation, optimizer_class
 
 
 def test_names_classes_and_default():
@@ -52,3 +52,17 @@ def test_the_callers_implementation_choice_and_optimizers_without_a_fused_kernel
     assert not build_optimizer("AdamW", [{"params": params, "lr": 0.2}], lr=0.1, foreach=True).defaults["fused"]
     assert build_optimizer("AdamW", [{"params": params, "lr": 0.2}], lr=0.1).defaults["fused"] is True
     assert "fused" not in build_optimizer("RMSprop", params, lr=0.1).defaults
+
+
+def test_a_loaded_state_keeps_the_loading_optimizers_implementation():
+    """A checkpoint written with the fused CPU kernel must not ask for it where it was not chosen."""
+    saved_params = [torch.nn.Parameter(torch.ones(3))]
+    saved = build_optimizer("AdamW", saved_params, lr=0.1)
+    _steps(saved, saved_params, [torch.ones(3)])
+    params = [torch.nn.Parameter(torch.ones(3))]
+    loading = build_optimizer("AdamW", params, lr=0.5, foreach=True)
+    loading.load_state_dict(keeping_implementation(saved.state_dict(), loading))
+    group = loading.param_groups[0]
+    assert not group["fused"] and group["foreach"] is True
+    assert group["lr"] == 0.1, "the training state (hyper-parameters, moments) is the checkpoint's"
+    torch.testing.assert_close(loading.state[params[0]]["exp_avg"], saved.state[saved_params[0]]["exp_avg"])

@@ -34,7 +34,7 @@ from twinkle.module.multi_lora_params import (
     parameter_lora_layer,
     parameter_lora_modules,
 )
-from twinkle.module.optimizer import build_optimizer, optimizer_class
+from twinkle.module.optimizer import build_optimizer, keeping_implementation, optimizer_class
 from twinkle.module.routing import RoutingRecord, record_routing, replay_routing, topk_routers
 from twinkle.module.scheduler import (
     ConstantScheduler,
@@ -69,6 +69,7 @@ __all__ = [
     "images_per_row",
     "inject_multi_lora",
     "is_fused_experts",
+    "keeping_implementation",
     "logps_dtype",
     "lora_targets",
     "multi_lora_modules",

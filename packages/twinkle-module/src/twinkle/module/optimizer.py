@@ -67,6 +67,19 @@ def _listed(group: dict[str, Any]) -> dict[str, Any]:
 _IMPLEMENTATION_OPTIONS = ("fused", "foreach", "differentiable", "capturable")
 
 
+def keeping_implementation(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``state`` (an ``optimizer.state_dict()`` to load) with ``optimizer``'s own implementation choices.
+
+    They belong to the process, not to the training state: a checkpoint written where the fused CPU kernel was
+    chosen must not ask for it where the parameters are DTensors or on an accelerator.
+    """
+    groups = [
+        {**saved, **{key: own[key] for key in _IMPLEMENTATION_OPTIONS if key in own}}
+        for saved, own in zip(state["param_groups"], optimizer.param_groups, strict=False)
+    ]
+    return {**state, "param_groups": groups + state["param_groups"][len(groups) :]}
+
+
 def _fusable_on_cpu(cls: type[torch.optim.Optimizer], params: list[Any], kwargs: dict[str, Any]) -> bool:
     """Whether to ask for the fused kernel: on a CPU ``torch.optim`` otherwise steps one tensor at a time.
 

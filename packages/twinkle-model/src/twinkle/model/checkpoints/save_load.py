@@ -37,6 +37,7 @@ from twinkle.model.checkpoints.files import (
     write_json,
 )
 from twinkle.model.train_state import TrainState
+from twinkle.module import keeping_implementation
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -132,9 +133,8 @@ def load_weights(owner: TrainingModel, path: Path, adapter_name: str | None, loa
     state = owner.train_state(name)
     if optimizer_state is not None:
         optimizer = state.require_optimizer()
-        optimizer.load_state_dict(
-            owner.parallel.local_optimizer_state(owner.model, optimizer_state["optimizer"], optimizer)
-        )
+        local = owner.parallel.local_optimizer_state(owner.model, optimizer_state["optimizer"], optimizer)
+        optimizer.load_state_dict(keeping_implementation(local, optimizer))
         if optimizer_state["lr_scheduler"] is not None:
             state.lr_scheduler.load_state_dict(optimizer_state["lr_scheduler"])
     return state
