@@ -75,3 +75,19 @@ def test_a_frozen_output_layer_frees_every_buffer_in_the_forward():
     assert CPU_BUFFERS.free_bytes == 5 * 40 * 8, "each chunk's buffer is free for the next one before the backward"
     logps.sum().backward()
     torch.testing.assert_close(hidden.grad, torch.autograd.grad(_autograd(hidden, weight, labels).sum(), hidden)[0])
+
+
+def test_cpu_chunks_whose_logits_are_not_kept_are_cache_sized(monkeypatch):
+    """Without kept logits a CPU chunk is at most ``CPU_CHUNK_BYTES`` of them, whatever ``chunk_size`` says."""
+    from twinkle.module import logps as logps_module
+
+    monkeypatch.setattr(logps_module, "CPU_CHUNK_BYTES", 3 * 40 * 8)  # 3 positions of a 40-token float64 vocabulary
+    CPU_BUFFERS.clear()
+    hidden, weight, labels = _case(0)
+    weight = weight.detach()
+    logps = chunked_token_logps(hidden, weight, labels, chunk_size=4096).logps
+    assert CPU_BUFFERS.free_bytes == 3 * 40 * 8
+    torch.testing.assert_close(logps, _autograd(hidden, weight, labels), atol=1e-12, rtol=0)
+    trained = chunked_token_logps(hidden, weight.requires_grad_(), labels, chunk_size=4096).logps
+    assert CPU_BUFFERS.free_bytes == 3 * 40 * 8, "kept for the backward: one chunk as asked, not the cap"
+    del trained
