@@ -106,7 +106,8 @@ class _ChunkedTokenLogps(torch.autograd.Function):
         projected = _Projected.empty(ctx, hidden_NH, terms) if mode == "project" else None
         for start in range(0, hidden_NH.shape[0], chunk_size):
             end = start + chunk_size
-            logits_CV = _chunk_logits(hidden_NH, weight_VH, terms, start, end, dtype)
+            spans = _spans(terms, start, end)
+            logits_CV = _chunk_logits(hidden_NH, weight_VH, terms, spans, start, end, dtype)
             labels_C = labels_N[start:end]
             label_logits_C = _label_logits(logits_CV, labels_C)  # before the logits become exponentials
             max_C = logits_CV.amax(-1)
@@ -114,7 +115,7 @@ class _ChunkedTokenLogps(torch.autograd.Function):
             sum_C = _exp_shifted_(logits_CV, max_C)
             logps_N[start:end] = _picked_logps(label_logits_C, labels_C, max_C + sum_C.log())
             if projected is not None:
-                projected.add(logits_CV, sum_C, weight_VH, terms, start, end)
+                projected.add(logits_CV, sum_C, weight_VH, terms, spans, start, end)
             if mode == "save":
                 saved_exps.append((logits_CV, sum_C))
             else:
@@ -145,10 +146,11 @@ class _ChunkedTokenLogps(torch.autograd.Function):
         for index, start in enumerate(range(0, hidden_NH.shape[0], ctx.chunk_size)):
             end = start + ctx.chunk_size
             hidden_CH, labels_C = hidden_NH[start:end], labels_N[start:end]
+            spans = _spans(terms, start, end)
             if ctx.saved_exps:
                 exps_CV, sum_C = ctx.saved_exps[index]
             else:
-                exps_CV = _chunk_logits(hidden_NH, weight_VH, terms, start, end, dtype)
+                exps_CV = _chunk_logits(hidden_NH, weight_VH, terms, spans, start, end, dtype)
                 sum_C = _exp_shifted_(exps_CV, exps_CV.amax(-1))
             valid_C = labels_C != IGNORE_INDEX
             # d logp / d logits = onehot(label) - softmax(logits), scaled by the incoming gradient; the softmax's
@@ -162,9 +164,9 @@ class _ChunkedTokenLogps(torch.autograd.Function):
                 grad_hidden[start:end] = grad_logits_CV @ weight_VH
             if grad_weight is not None:
                 _add_product_(grad_weight, grad_logits_CV.T, hidden_CH)
-            for term, grad_u, grad_B in zip(terms, grad_factors[::2], grad_factors[1::2], strict=True):
-                local, first, last = _in_chunk(term, start, end)
-                rows = _rows(local)
+            for term, (rows, first, last), grad_u, grad_B in zip(
+                terms, spans, grad_factors[::2], grad_factors[1::2], strict=True
+            ):
                 grad_CV = grad_logits_CV if rows is None else grad_logits_CV[rows]  # a view, unless scattered
                 if grad_u is not None:
                     grad_u[first:last] = (grad_CV @ term.B_VR).to(dtype)
@@ -205,16 +207,15 @@ class _Projected:
         sum_C: torch.Tensor,
         weight_VH: torch.Tensor,
         terms: Sequence[LowRankTerm],
+        spans: Sequence[Span],
         start: int,
         end: int,
     ) -> None:
         inverse_C1 = sum_C.reciprocal().unsqueeze(-1)
         if self.softmax_W_NH is not None:
             torch.mm(exps_CV, weight_VH, out=self.softmax_W_NH[start:end]).mul_(inverse_C1)
-        for term, softmax_B_nR in zip(terms, self.softmax_B, strict=True):
+        for term, (rows, first, last), softmax_B_nR in zip(terms, spans, self.softmax_B, strict=True):
             if softmax_B_nR is not None:
-                local, first, last = _in_chunk(term, start, end)
-                rows = _rows(local)
                 exps_cV, inverse_c1 = (exps_CV, inverse_C1) if rows is None else (exps_CV[rows], inverse_C1[rows])
                 softmax_B_nR[first:last] = (exps_cV @ term.B_VR) * inverse_c1
 
@@ -280,13 +281,21 @@ def _terms(positions: tuple[torch.Tensor | None, ...], factors: Sequence[torch.T
     return [LowRankTerm(p, u, B) for p, u, B in zip(positions, factors[::2], factors[1::2], strict=True)]
 
 
-def _in_chunk(term: LowRankTerm, start: int, end: int) -> tuple[torch.Tensor | None, int, int]:
-    """The term's positions within chunk ``[start, end)`` (relative to it; ``None``: all) and its ``u`` rows there."""
+# A term's rows of a chunk (see :func:`_rows`) and the range of its ``u`` rows there.
+Span = tuple[slice | torch.Tensor | None, int, int]
+
+
+def _spans(terms: Sequence[LowRankTerm], start: int, end: int) -> list[Span]:
+    """Each term's :data:`Span` in chunk ``[start, end)``, found once per chunk for every use of it."""
+    return [_in_chunk(term, start, end) for term in terms]
+
+
+def _in_chunk(term: LowRankTerm, start: int, end: int) -> Span:
     if term.positions_n is None:
         return None, start, end
     bounds = torch.searchsorted(term.positions_n, torch.tensor([start, end], device=term.positions_n.device))
     first, last = int(bounds[0]), int(bounds[1])
-    return term.positions_n[first:last] - start, first, last
+    return _rows(term.positions_n[first:last] - start), first, last
 
 
 def _rows(local: torch.Tensor | None) -> slice | torch.Tensor | None:
@@ -301,6 +310,7 @@ def _chunk_logits(
     hidden_NH: torch.Tensor,
     weight_VH: torch.Tensor,
     terms: Sequence[LowRankTerm],
+    spans: Sequence[Span],
     start: int,
     end: int,
     dtype: torch.dtype,
@@ -314,11 +324,9 @@ def _chunk_logits(
         logits_CV = torch.mm(hidden_CH, weight_VH.T, out=buffer_CV)
     else:
         logits_CV = (hidden_CH @ weight_VH.T).to(summed)
-    for term in terms:
+    for term, (rows, first, last) in zip(terms, spans, strict=True):
         # In place: the logits are this chunk's own (autograd does not track inside the Function), and a copy
         # of the whole chunk per term (one per tenant with an adapted output layer) would cost more than it.
-        local, first, last = _in_chunk(term, start, end)
-        rows = _rows(local)
         if rows is None:
             logits_CV.addmm_(term.u_nR[first:last], term.B_VR.T)
         elif isinstance(rows, slice):
@@ -349,7 +357,7 @@ def chunked_token_logps(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     positions = tuple(term.positions_n for term in low_rank)
     factors = [tensor for term in low_rank for tensor in (term.u_nR, term.B_VR)]
-    mode = _backward_mode(hidden_NH, weight_VH, low_rank, labels_N.numel() * weight_VH.shape[0], max_saved_bytes)
+    mode = _backward_mode(hidden_NH, weight_VH, factors, labels_N.numel() * weight_VH.shape[0], max_saved_bytes)
     if mode in ("project", "none") and hidden_NH.device.type == "cpu":
         # Nothing × V outlives its chunk, so a cache-sized chunk is read from cache by each pass over it (the
         # matmul's output, max, exp, sum, the product with W): a pass of 8 tenants' 1,024 positions over a
@@ -365,21 +373,20 @@ def chunked_token_logps(
 def _backward_mode(
     hidden_NH: torch.Tensor,
     weight_VH: torch.Tensor,
-    low_rank: Sequence[LowRankTerm],
+    factors: Sequence[torch.Tensor],
     softmax_numel: int,
     max_saved_bytes: int,
 ) -> str:
-    """How the backward gets the softmax (see :class:`_ChunkedTokenLogps`).
+    """How the backward gets the softmax (see :class:`_ChunkedTokenLogps`); ``factors`` are the terms' ``(u, B)``.
 
     ``"project"`` when neither the output layer nor a term's ``B`` is trained and everything is in the logps'
     dtype (float32 or float64: half precision would round ``W[label] - softmax @ W`` of a confident row where
     the other modes round its small difference); else ``"save"`` when the softmax fits ``max_saved_bytes``.
     """
-    factors = [tensor for term in low_rank for tensor in (term.u_nR, term.B_VR)]
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (hidden_NH, weight_VH, *factors))):
         return "none"  # each chunk's buffer is free (for the next chunk or pass) as soon as it is used
     dtype = logps_dtype(weight_VH.dtype)
-    trained_output = weight_VH.requires_grad or any(term.B_VR.requires_grad for term in low_rank)
+    trained_output = weight_VH.requires_grad or any(B_VR.requires_grad for B_VR in factors[1::2])
     if not trained_output and all(t.dtype == dtype for t in (hidden_NH, weight_VH, *factors)):
         return "project"
     itemsize = torch.empty((), dtype=dtype).element_size()
