@@ -33,6 +33,7 @@ def test_make_input_feature_fills_masks_positions_and_loss_mask():
         ({"labels": [1]}, "no 'input_ids'"),
         ({"input_ids": [1, 2], "labels": [1]}, "labels has length 1 but input_ids has length 2"),
         ({"input_ids": [1, "a"]}, r"input_ids\[1\] must be an int"),
+        ({"input_ids": [1, 2], "labels": [1, True]}, r"labels\[1\] must be an int, got True"),
         ({"input_ids": [1, -3]}, "negative"),
         ({"input_ids": [1, 2], "labels": [IGNORE_INDEX, 2], "loss_mask": [1, 1]}, r"loss_mask\[0\]=1 disagrees"),
         ({"input_ids": [1, 2], "length": 5}, "length is 5"),
@@ -47,6 +48,9 @@ def test_validate_input_feature_names_the_problem(feature, message):
 def test_validate_input_feature_rejects_ids_outside_vocabulary():
     with pytest.raises(InvalidInputError, match=r"outside the vocabulary \[0, 10\): \[10, 99\]"):
         validate_input_feature({"input_ids": [1, 10, 99]}, vocab_size=10)
+    with pytest.raises(InvalidInputError, match=r"outside the vocabulary \[0, 10\): \[-1\]"):
+        validate_input_feature({"input_ids": [-1, 9]}, vocab_size=10)
+    assert validate_input_feature({"input_ids": [0, 9]}, vocab_size=10)["input_ids"] == [0, 9]
 
 
 def test_validate_input_feature_accepts_array_likes():

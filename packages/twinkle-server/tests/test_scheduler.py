@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from twinkle.server.services import scheduler as scheduler_module
 from twinkle.server.services.expected_runs import PAUSE_S, REMEMBERED_PASSES
 from twinkle.server.services.scheduler import Job, Scheduler
 
@@ -210,6 +211,56 @@ def test_after_a_pause_tenants_back_wait_for_their_partners_only():
         ["c:1", "d:1"],
     ]
     assert max(waits["a:1"], waits["a:2"]) < 0.5 and 0.3 <= waits["c:1"] < 0.9, waits
+
+
+def _after_a_pass_of(runs: str, **options) -> tuple[Scheduler, Recorder]:
+    recorder = Recorder()
+    scheduler, gate = blocked_scheduler(recorder.run_shared, **options)
+    for run in runs:
+        scheduler.submit(shared_job(run, 0))
+    gate.set()
+    return scheduler, recorder
+
+
+def _step(scheduler: Scheduler, run: str, events: list[str], done: threading.Event | None = None) -> None:
+    def on_done(result, error) -> None:
+        events.append(f"{run} answered")
+        if done is not None:
+            done.set()
+
+    scheduler.submit(Job(run, lambda: events.append(f"{run} stepped"), on_done))
+
+
+def test_the_steps_of_a_shared_pass_run_back_to_back_once_all_are_in_and_are_answered_together(monkeypatch):
+    """One by one, each step would compete with the server's handling of the other tenants' requests."""
+    monkeypatch.setattr(scheduler_module, "STEP_GATHER_S", 1.0)  # a slow machine's timers stay within it
+    scheduler, recorder = _after_a_pass_of("abc", cycle_wait_s=5.0)
+    events: list[str] = []
+    last = threading.Event()
+    _step(scheduler, "a", events)
+    threading.Timer(0.05, _step, (scheduler, "b", events)).start()
+    threading.Timer(0.1, _step, (scheduler, "c", events, last)).start()
+    assert last.wait(30)
+    drain(scheduler, "abc")
+    assert recorder.passes == [["a:0", "b:0", "c:0"]]
+    assert events == ["a stepped", "b stepped", "c stepped", "a answered", "b answered", "c answered"]
+
+
+def test_a_step_waits_briefly_for_a_tenant_that_does_not_step_and_leaves_the_pass_its_wait(monkeypatch):
+    monkeypatch.setattr(scheduler_module, "STEP_GATHER_S", 0.2)
+    waits = {}
+
+    def observe(event: str, job: Job, seconds: float) -> None:
+        if event == "start" and job.shared is not None:
+            waits[f"{job.shared.run}:{job.shared.step}"] = seconds
+
+    scheduler, recorder = _after_a_pass_of("ab", cycle_wait_s=1.0, observe=observe)
+    started = time.monotonic()
+    scheduler.call("a", lambda: None, timeout=30)  # its step: b never steps
+    assert 0.2 <= time.monotonic() - started < 0.9
+    assert train(scheduler, "a", 1) == 1  # the pass still waits b out, once
+    drain(scheduler, "ab")
+    assert recorder.passes == [["a:0", "b:0"], ["a:1"]] and waits["a:1"] >= 1.0, waits
 
 
 def test_a_pass_waits_for_one_step_of_a_tenant_not_for_what_it_does_after():

@@ -237,12 +237,12 @@ def test_futures_lifecycle_and_idempotency(store, clock):
     assert store.start_future(future.id)
     assert not store.start_future(future.id)
     clock.now += 2
-    assert store.finish_future(future.id, b"\x00TWK1 payload")
+    assert store.finish_future(future.id, b"\x00TWK1 payload") == 1002  # when it finished
     done = store.get_future("alice", future.id)
     assert (done.status, done.result, done.error, done.finished_at) == ("done", b"\x00TWK1 payload", None, 1002)
-    assert not store.fail_future(future.id, {"type": "ServerError", "message": "late"})  # already finished
+    assert store.fail_future(future.id, {"type": "ServerError", "message": "late"}) is None  # already finished
     failing, _ = store.create_future("alice", "step", run.id)
-    assert store.fail_future(failing.id, {"type": "InvalidInputError", "message": "bad batch"})
+    assert store.fail_future(failing.id, {"type": "InvalidInputError", "message": "bad batch"}) == 1002
     assert store.get_future("alice", failing.id).error == {"type": "InvalidInputError", "message": "bad batch"}
     with pytest.raises(ResourceNotFoundError, match=f"run '{run.id}' not found"):
         store.create_future("bob", "forward", run.id)

@@ -149,12 +149,13 @@ class _Encoder:
     def _packed_list(self, values: list[Any] | tuple[Any, ...]) -> dict[str, Any] | None:
         if len(values) < MIN_PACKED_LIST:
             return None
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        types = set(map(type, values))  # at C speed: the usual lists are all int or all float
+        if types == {int} or all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             try:
                 return self._leaf(_to_bytes(array("q", values)), "int64", [len(values)], "list")
             except OverflowError:  # beyond int64: JSON keeps big ints exact
                 return None
-        if all(isinstance(v, float) for v in values):
+        if types == {float} or all(isinstance(v, float) for v in values):
             return self._leaf(_to_bytes(array("d", values)), "float64", [len(values)], "list")
         return None
 

@@ -55,12 +55,17 @@ class InputFeature(TypedDict):
 def _int_list(value: Any, name: str, where: str) -> list[int]:
     if hasattr(value, "tolist"):  # numpy arrays and torch tensors
         value = value.tolist()
+    if type(value) is list and _INT.issuperset(map(type, value)):  # the usual case, checked at C speed
+        return list(value)
     if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
         raise InvalidInputError(f"{where}.{name} must be a list of ints, got {type(value).__name__}")
     for i, item in enumerate(value):
         if isinstance(item, bool) or not isinstance(item, int):
             raise InvalidInputError(f"{where}.{name}[{i}] must be an int, got {item!r}")
     return list(value)
+
+
+_INT = frozenset({int})
 
 
 def make_input_feature(
@@ -108,15 +113,15 @@ def validate_input_feature(
         if out.get(name) is not None and len(out[name]) != len(ids):
             raise InvalidInputError(f"{where}.{name} has length {len(out[name])} but input_ids has length {len(ids)}")
     if vocab_size is not None:
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
+        if not 0 <= min(ids) <= max(ids) < vocab_size:
+            bad = [t for t in ids if not 0 <= t < vocab_size]
             raise InvalidInputError(
                 f"{where}.input_ids contains ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"
             )
-    elif any(t < 0 for t in ids):
+    elif min(ids) < 0:
         raise InvalidInputError(f"{where}.input_ids contains negative ids")
     labels, loss_mask = out.get("labels"), out.get("loss_mask")
-    if labels is not None and loss_mask is not None:
+    if labels is not None and loss_mask is not None and loss_mask != [int(label != IGNORE_INDEX) for label in labels]:
         for i, (label, mask) in enumerate(zip(labels, loss_mask, strict=True)):
             if mask not in (0, 1) or (mask == 1) != (label != IGNORE_INDEX):
                 raise InvalidInputError(

@@ -36,12 +36,15 @@ def from_wire(value: Any) -> Any:
     validators check Python ints), so 1-d integer arrays become lists.
     """
     if isinstance(value, Mapping):
-        return {
-            key: _plain_ids(from_wire(item)) if key in _ID_FIELDS else from_wire(item) for key, item in value.items()
-        }
+        return {key: _plain_ids(item) if key in _ID_FIELDS else from_wire(item) for key, item in value.items()}
     if isinstance(value, list):
+        if _SCALARS.issuperset(map(type, value)):  # a number list: nothing inside to convert (C-speed check)
+            return value
         return [from_wire(item) for item in value]
     return value
+
+
+_SCALARS = frozenset({int, float, bool, str, type(None)})
 
 
 _ID_FIELDS = frozenset({"input_ids", "labels", "loss_mask", "position_ids", "attention_mask"})

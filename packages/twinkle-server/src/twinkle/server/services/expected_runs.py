@@ -38,11 +38,12 @@ class ExpectedRuns:
         self._passes = 0
         self._runs: dict[str, _Expected] = {}
         self._resumed = False  # paused, and no pass since: only the partners of the runs back are expected
+        self._last_batch: frozenset[str] = frozenset()  # the runs of the last pass
 
     def trained(self, batch: Iterable[str]) -> None:
         """A pass of ``batch`` starts: its runs are expected back; runs of older passes are forgotten."""
         self._passes += 1
-        keys = frozenset(batch)
+        keys = self._last_batch = frozenset(batch)
         if self._resumed:  # the first pass since a pause: runs that trained apart from its runs stay idle
             back = keys.union(*(self._runs[key].partners for key in keys if key in self._runs))
             for key, run in self._runs.items():
@@ -75,6 +76,20 @@ class ExpectedRuns:
             and run.waited < self.wait_s
             and (run.calls == 0 or (run.calls == 1 and key not in queued))  # before its step, or after it
         ]
+
+    def stepping(self, queued: Container[str]) -> list[str]:
+        """The runs of the last pass, when it was shared, on their way with their step: no other call run since
+        the pass, none queued (``queued``), not waited out. Empty after a pause."""
+        if self._resumed or len(self._last_batch) < 2:
+            return []
+        return [
+            key
+            for key in self._last_batch
+            if self._runs[key].calls == 0 and key not in queued and self._runs[key].waited < self.wait_s
+        ]
+
+    def in_last_pass(self, key: str) -> bool:
+        return key in self._last_batch
 
     def wait_left(self, keys: Iterable[str]) -> float:
         """How long a pass may still wait for the first of ``keys`` to be waited out."""

@@ -15,7 +15,12 @@ worker runs in cycles, as Tinker's own service does:
    (``batch_budgets``) is spent. So a tenant's many concurrent calls (one
    queue) batch together, and each other tenant's calls get as many places.
 2. **Steps.** Then every run whose head is another call (an optimizer step,
-   ``save``, ...) runs that call, one per run, in turn.
+   ``save``, ...) runs that call, one per run, back to back, and their
+   results are delivered together at the end. The runs of a shared pass
+   whose steps are on their way are waited for while calls keep coming in
+   (``STEP_GATHER_S``): a step run while the server handles the other
+   tenants' requests is several times slower, as the two take turns with
+   the interpreter lock at every torch op.
 
 Tenants send their next training call only once their step is answered, so a
 pass could start before they are back. When a pass is about to start and runs
@@ -40,6 +45,7 @@ from twinkle.utils import get_logger
 
 logger = get_logger(__name__)
 
+STEP_GATHER_S = 0.01  # the step phase waits for steps on their way until no call came in for this long
 TRAINING = "pass"  # the batch kind of training calls, the only kind whose passes wait for tenants on their way back
 
 
@@ -89,6 +95,7 @@ class Scheduler:
         self._turn: deque[str] = deque()  # keys of runs with queued jobs, in the order they are served
         self._stepping: deque[str] = deque()  # runs whose head call runs in the current step phase
         self._step_due = False  # a pass just ran: its step phase comes next
+        self._last_submitted = time.monotonic()
         self._expected = ExpectedRuns(cycle_wait_s)  # whom a pass waits for
         self._cond = threading.Condition()
         self._stopping = False
@@ -100,6 +107,7 @@ class Scheduler:
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the server is shutting down")
+            self._last_submitted = time.monotonic()
             queue = self._queues.setdefault(job.queue_key, deque())
             if not queue and job.queue_key not in self._turn:
                 self._turn.append(job.queue_key)
@@ -146,20 +154,25 @@ class Scheduler:
                     self._fail_pending()
                     return
             if jobs[0].shared is None:
-                self._run_alone(jobs[0])
+                self._run_calls(jobs)
             else:
                 self._run_pass(jobs)
 
     def _next_jobs(self) -> list[Job] | None:
-        """Wait for and pop what runs next: one call alone, or a shared pass; None once stopping (lock held)."""
+        """Wait for and pop what runs next: calls to run back to back, or a shared pass; None once stopping (lock
+        held)."""
         while not self._stopping:
             if self._step_due:  # the pass is done: the cycle's step phase takes the heads there are now
-                self._step_due = False
-                self._stepping.extend(self._waiting_keys(shared=False))
-            if self._stepping:
-                key = self._stepping.popleft()
-                self._expected.ran_call(key)
-                return [self._pop(key)]
+                heads = self._waiting_keys(shared=False)
+                if self._gathering_left(heads) <= 0:  # else it waits below for the steps on their way
+                    self._step_due = False
+                    self._stepping.extend(heads)
+            if self._stepping:  # the step phase's calls, run back to back
+                keys = list(self._stepping)
+                self._stepping.clear()
+                for key in keys:
+                    self._expected.ran_call(key)
+                return [self._pop(key) for key in keys]
             shared = self._waiting_keys(shared=True)
             training = [key for key in shared if self._kind(key) == TRAINING]
             others = [key for key in shared if key not in training]
@@ -173,23 +186,41 @@ class Scheduler:
                     self._step_due = True
                     return [self._pop(key) for key in batch]
                 steps = [key for key in awaited if key in self._queues and self._queues[key][0].shared is None]
-                self._stepping.extend(steps)  # their steps (a shared call of theirs joins its own kind's batch)
+                gathering = self._gathering_left(steps)
+                if gathering <= 0:  # their steps (a shared call of theirs joins its own kind's batch)
+                    self._stepping.extend(steps)
                 if others and not self._stepping:  # batches of another kind run meanwhile too
                     return self._other_batch(others)
                 if not self._stepping:
                     started = time.monotonic()
-                    self._cond.wait(self._expected.wait_left(awaited))
+                    wait = self._expected.wait_left(awaited)
+                    self._cond.wait(min(wait, gathering) if gathering > 0 else wait)
                     self._expected.waited(awaited, time.monotonic() - started)
                 continue
             others = self._waiting_keys(shared=False)
-            if others:  # no training call queued: the other calls run
+            gathering = self._gathering_left(others)
+            if others and gathering <= 0:  # no training call queued: the other calls run
                 self._stepping.extend(others)
                 continue
             started = time.monotonic()
-            self._cond.wait()
+            self._cond.wait(gathering if gathering > 0 else None)
             if time.monotonic() - started >= PAUSE_S:
                 self._expected.paused()
         return None
+
+    def _gathering_left(self, steps: list[str]) -> float:
+        """Seconds the queued ``steps`` (the calls of runs of the last shared pass) may still wait for the other
+        runs of that pass on their way with their steps, to run together; 0 or less: run them now.
+
+        One by one, each step would compete for the interpreter lock with the server's handling of the other
+        tenants' requests (every torch op lets go of it), which makes a step several times slower. The wait
+        ends once no call has come in for ``STEP_GATHER_S``.
+        """
+        if not steps or self.max_tokens_per_pass == 0 or not all(self._expected.in_last_pass(k) for k in steps):
+            return 0.0
+        if not self._expected.stepping(self._queues):
+            return 0.0
+        return min(self.cycle_wait_s, STEP_GATHER_S) - (time.monotonic() - self._last_submitted)
 
     def _waiting_keys(self, shared: bool) -> list[str]:
         """The runs, in turn order, whose head job is (``shared``) or is not a shareable training call."""
@@ -249,13 +280,19 @@ class Scheduler:
             del self._queues[key]
         return job
 
-    def _run_alone(self, job: Job) -> None:
-        started = time.monotonic()
-        self._observe("start", job, started - job.submitted_at)
-        result, error = _outcome(job.run)
-        elapsed = time.monotonic() - started
-        self._busy_s += elapsed
-        self._finish(job, result, error, elapsed)
+    def _run_calls(self, jobs: list[Job]) -> None:
+        """Run calls one after another, then deliver their results: a result delivered at once would have the
+        server's reply to it compete with the next call for the interpreter lock."""
+        outcomes = []
+        for job in jobs:
+            started = time.monotonic()
+            self._observe("start", job, started - job.submitted_at)
+            result, error = _outcome(job.run)
+            elapsed = time.monotonic() - started
+            self._busy_s += elapsed
+            outcomes.append((result, error, elapsed))
+        for job, (result, error, elapsed) in zip(jobs, outcomes, strict=True):
+            self._finish(job, result, error, elapsed)
 
     def _run_pass(self, batch: list[Job]) -> None:
         started = time.monotonic()

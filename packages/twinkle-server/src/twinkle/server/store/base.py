@@ -266,12 +266,12 @@ class Store(ABC):
         """pending → running; False if the future is not pending."""
 
     @abstractmethod
-    def finish_future(self, future_id: str, result: bytes) -> bool:
-        """→ done; False if the future already finished (e.g. failed by a restart)."""
+    def finish_future(self, future_id: str, result: bytes) -> float | None:
+        """→ done; returns its ``finished_at``, or None if the future already finished (e.g. failed by a restart)."""
 
     @abstractmethod
-    def fail_future(self, future_id: str, error: dict[str, Any]) -> bool:
-        """→ failed with ``{"type", "message"}``; False if the future already finished."""
+    def fail_future(self, future_id: str, error: dict[str, Any]) -> float | None:
+        """→ failed with ``{"type", "message"}``; returns its ``finished_at``, or None if it already finished."""
 
     @abstractmethod
     def mark_inflight_futures_failed(self, reason: str) -> int:

@@ -339,15 +339,16 @@ class SQLiteStore(Store):
         sql = "UPDATE futures SET status = 'running' WHERE id = ? AND status = 'pending'"
         return self._update(sql, (future_id,)) == 1
 
-    def finish_future(self, future_id: str, result: bytes) -> bool:
+    def finish_future(self, future_id: str, result: bytes) -> float | None:
         return self._finish(future_id, "done", "result", sqlite3.Binary(result))
 
-    def fail_future(self, future_id: str, error: dict[str, Any]) -> bool:
+    def fail_future(self, future_id: str, error: dict[str, Any]) -> float | None:
         return self._finish(future_id, "failed", "error", rows.to_json(error, "error"))
 
-    def _finish(self, future_id: str, status: str, column: str, value: Any) -> bool:
+    def _finish(self, future_id: str, status: str, column: str, value: Any) -> float | None:
         sql = f"UPDATE futures SET status = ?, {column} = ?, finished_at = ? WHERE id = ? AND status IN {_INFLIGHT}"
-        return self._update(sql, (status, value, self._clock(), future_id)) == 1
+        now = self._clock()
+        return now if self._update(sql, (status, value, now, future_id)) == 1 else None
 
     def mark_inflight_futures_failed(self, reason: str) -> int:
         error = json.dumps({"type": "ServerError", "message": reason})
