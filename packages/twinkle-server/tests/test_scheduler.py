@@ -246,21 +246,28 @@ def test_the_steps_of_a_shared_pass_run_back_to_back_once_all_are_in_and_are_ans
     assert events == ["a stepped", "b stepped", "c stepped", "a answered", "b answered", "c answered"]
 
 
-def test_a_step_waits_briefly_for_a_tenant_that_does_not_step_and_leaves_the_pass_its_wait(monkeypatch):
-    monkeypatch.setattr(scheduler_module, "STEP_GATHER_S", 0.2)
+@pytest.mark.parametrize(
+    ("gather_s", "cycle_wait_s", "low", "high"),
+    [(0.2, 2.0, 0.2, 0.9), (5.0, 0.5, 0.4, 2.0)],  # no call came in for STEP_GATHER_S; cycle_wait_s at the latest
+    ids=["quiet", "cycle"],
+)
+def test_a_step_waits_briefly_for_a_tenant_that_does_not_step_and_leaves_the_pass_its_wait(
+    monkeypatch, gather_s, cycle_wait_s, low, high
+):
+    monkeypatch.setattr(scheduler_module, "STEP_GATHER_S", gather_s)
     waits = {}
 
     def observe(event: str, job: Job, seconds: float) -> None:
         if event == "start" and job.shared is not None:
             waits[f"{job.shared.run}:{job.shared.step}"] = seconds
 
-    scheduler, recorder = _after_a_pass_of("ab", cycle_wait_s=1.0, observe=observe)
+    scheduler, recorder = _after_a_pass_of("ab", cycle_wait_s=cycle_wait_s, observe=observe)
     started = time.monotonic()
     scheduler.call("a", lambda: None, timeout=30)  # its step: b never steps
-    assert 0.2 <= time.monotonic() - started < 0.9
+    assert low <= time.monotonic() - started < high
     assert train(scheduler, "a", 1) == 1  # the pass still waits b out, once
     drain(scheduler, "ab")
-    assert recorder.passes == [["a:0", "b:0"], ["a:1"]] and waits["a:1"] >= 1.0, waits
+    assert recorder.passes == [["a:0", "b:0"], ["a:1"]] and waits["a:1"] >= cycle_wait_s, waits
 
 
 def test_a_pass_waits_for_one_step_of_a_tenant_not_for_what_it_does_after():

@@ -18,9 +18,9 @@ worker runs in cycles, as Tinker's own service does:
    ``save``, ...) runs that call, one per run, back to back, and their
    results are delivered together at the end. The runs of a shared pass
    whose steps are on their way are waited for while calls keep coming in
-   (``STEP_GATHER_S``): a step run while the server handles the other
-   tenants' requests is several times slower, as the two take turns with
-   the interpreter lock at every torch op.
+   (``STEP_GATHER_S``; ``cycle_wait_s`` after the pass at most): a step run
+   while the server handles the other tenants' requests is several times
+   slower, as the two take turns with the interpreter lock at every torch op.
 
 Tenants send their next training call only once their step is answered, so a
 pass could start before they are back. When a pass is about to start and runs
@@ -95,7 +95,7 @@ class Scheduler:
         self._turn: deque[str] = deque()  # keys of runs with queued jobs, in the order they are served
         self._stepping: deque[str] = deque()  # runs whose head call runs in the current step phase
         self._step_due = False  # a pass just ran: its step phase comes next
-        self._last_submitted = time.monotonic()
+        self._last_submitted = self._pass_ended = time.monotonic()
         self._expected = ExpectedRuns(cycle_wait_s)  # whom a pass waits for
         self._cond = threading.Condition()
         self._stopping = False
@@ -214,13 +214,14 @@ class Scheduler:
 
         One by one, each step would compete for the interpreter lock with the server's handling of the other
         tenants' requests (every torch op lets go of it), which makes a step several times slower. The wait
-        ends once no call has come in for ``STEP_GATHER_S``.
+        ends once no call has come in for ``STEP_GATHER_S``, and ``cycle_wait_s`` after the pass at the latest.
         """
         if not steps or self.max_tokens_per_pass == 0 or not all(self._expected.in_last_pass(k) for k in steps):
             return 0.0
         if not self._expected.stepping(self._queues):
             return 0.0
-        return min(self.cycle_wait_s, STEP_GATHER_S) - (time.monotonic() - self._last_submitted)
+        now = time.monotonic()
+        return min(STEP_GATHER_S - (now - self._last_submitted), self.cycle_wait_s - (now - self._pass_ended))
 
     def _waiting_keys(self, shared: bool) -> list[str]:
         """The runs, in turn order, whose head job is (``shared``) or is not a shareable training call."""
@@ -305,7 +306,8 @@ class Scheduler:
         except Exception as exc:  # the whole pass failed: every job in it reports it
             logger.exception("shared pass failed")
             outcomes = [(None, exc)] * len(batch)
-        elapsed = time.monotonic() - started
+        self._pass_ended = time.monotonic()
+        elapsed = self._pass_ended - started
         self._busy_s += elapsed
         for job, (result, error) in zip(batch, outcomes, strict=True):
             self._finish(job, result, error, elapsed)
