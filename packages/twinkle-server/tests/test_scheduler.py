@@ -246,6 +246,21 @@ def test_the_steps_of_a_shared_pass_run_back_to_back_once_all_are_in_and_are_ans
     assert events == ["a stepped", "b stepped", "c stepped", "a answered", "b answered", "c answered"]
 
 
+def test_a_pass_result_whose_step_is_queued_already_is_answered_after_the_step_phase():
+    """As a Tinker client sends its optimizer step with its training call: answering the result at once would
+    compete with the step phase; c, whose step is not sent yet, needs its result first."""
+    recorder, events = Recorder(), []
+    scheduler, gate = blocked_scheduler(recorder.run_shared)
+    for run in "ab":
+        scheduler.submit(shared_job(run, 0, on_done=lambda result, error, run=run: events.append(f"{run} trained")))
+        _step(scheduler, run, events)
+    scheduler.submit(shared_job("c", 0, on_done=lambda result, error: events.append("c trained")))
+    gate.set()
+    drain(scheduler, "abc")
+    assert recorder.passes == [["a:0", "b:0", "c:0"]]
+    assert events == ["c trained", "a stepped", "b stepped", "a trained", "b trained", "a answered", "b answered"]
+
+
 @pytest.mark.parametrize(
     ("gather_s", "cycle_wait_s", "low", "high"),
     [(0.2, 2.0, 0.2, 0.9), (5.0, 0.5, 0.4, 2.0)],  # no call came in for STEP_GATHER_S; cycle_wait_s at the latest

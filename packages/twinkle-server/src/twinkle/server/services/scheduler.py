@@ -63,6 +63,9 @@ class Job:
     submitted_at: float = field(default_factory=time.monotonic)
 
 
+Outcome = tuple[Job, Any, BaseException | None, float]  # a job, its result, its error, its seconds
+
+
 class Scheduler:
     """Runs :class:`Job` s on one worker thread.
 
@@ -96,6 +99,7 @@ class Scheduler:
         self._stepping: deque[str] = deque()  # runs whose head call runs in the current step phase
         self._step_due = False  # a pass just ran: its step phase comes next
         self._last_submitted = self._pass_ended = time.monotonic()
+        self._held: list[Outcome] = []  # a pass's results answered after the next calls (``_deliver``)
         self._expected = ExpectedRuns(cycle_wait_s)  # whom a pass waits for
         self._cond = threading.Condition()
         self._stopping = False
@@ -152,7 +156,9 @@ class Scheduler:
                 jobs = self._next_jobs()
                 if jobs is None:
                     self._fail_pending()
-                    return
+            if jobs is None:
+                self._deliver([])  # results held back are answered still
+                return
             if jobs[0].shared is None:
                 self._run_calls(jobs)
             else:
@@ -284,16 +290,15 @@ class Scheduler:
     def _run_calls(self, jobs: list[Job]) -> None:
         """Run calls one after another, then deliver their results: a result delivered at once would have the
         server's reply to it compete with the next call for the interpreter lock."""
-        outcomes = []
+        outcomes: list[Outcome] = []
         for job in jobs:
             started = time.monotonic()
             self._observe("start", job, started - job.submitted_at)
             result, error = _outcome(job.run)
             elapsed = time.monotonic() - started
             self._busy_s += elapsed
-            outcomes.append((result, error, elapsed))
-        for job, (result, error, elapsed) in zip(jobs, outcomes, strict=True):
-            self._finish(job, result, error, elapsed)
+            outcomes.append((job, result, error, elapsed))
+        self._deliver(outcomes)
 
     def _run_pass(self, batch: list[Job]) -> None:
         started = time.monotonic()
@@ -309,7 +314,21 @@ class Scheduler:
         self._pass_ended = time.monotonic()
         elapsed = self._pass_ended - started
         self._busy_s += elapsed
-        for job, (result, error) in zip(batch, outcomes, strict=True):
+        with self._cond:  # runs whose next call is queued already run it in the step phase that comes next
+            stepping = set(self._waiting_keys(shared=False))
+        done = [(job, result, error, elapsed) for job, (result, error) in zip(batch, outcomes, strict=True)]
+        self._deliver([outcome for outcome in done if outcome[0].queue_key not in stepping])
+        self._held = [outcome for outcome in done if outcome[0].queue_key in stepping]
+
+    def _deliver(self, outcomes: list[Outcome]) -> None:
+        """Answer the results held back from the last pass, then ``outcomes``.
+
+        A pass's result is held back while its run's next call is queued already (a Tinker client sends its
+        optimizer step with its training call): answering it would have the server's reply compete with the
+        step phase for the interpreter lock, and the client waits for the step's result too.
+        """
+        held, self._held = self._held, []
+        for job, result, error, elapsed in held + outcomes:
             self._finish(job, result, error, elapsed)
 
     def _finish(self, job: Job, result: Any, error: BaseException | None, elapsed: float) -> None:
