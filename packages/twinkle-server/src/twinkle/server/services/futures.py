@@ -78,7 +78,7 @@ class Futures:
         holds no thread).
 
         A poller of a future of this process is handed the finished future as it is stored, without reading
-        it back: every training call's reply waits so, and the store's reads would be most of its work.
+        it back: every training call's reply waits so, and those two reads of the store were a tenth of its time.
         """
         timeout = min(timeout, MAX_WAIT_S) if timeout > 0 else 0.0  # NaN too
         loop = asyncio.get_running_loop()

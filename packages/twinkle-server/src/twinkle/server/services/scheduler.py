@@ -315,10 +315,10 @@ class Scheduler:
         elapsed = self._pass_ended - started
         self._busy_s += elapsed
         with self._cond:  # runs whose next call is queued already run it in the step phase that comes next
-            stepping = set(self._waiting_keys(shared=False))
+            next_queued = set(self._waiting_keys(shared=False))
         done = [(job, result, error, elapsed) for job, (result, error) in zip(batch, outcomes, strict=True)]
-        self._deliver([outcome for outcome in done if outcome[0].queue_key not in stepping])
-        self._held = [outcome for outcome in done if outcome[0].queue_key in stepping]
+        self._deliver([outcome for outcome in done if outcome[0].queue_key not in next_queued])
+        self._held = [outcome for outcome in done if outcome[0].queue_key in next_queued]
 
     def _deliver(self, outcomes: list[Outcome]) -> None:
         """Answer the results held back from the last pass, then ``outcomes``.
