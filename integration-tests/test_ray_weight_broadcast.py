@@ -3,7 +3,8 @@
 The path GPUs take over NCCL (``transport="auto"`` picks it where both sides are on CUDA), forced here on
 CPUs with ``transport="broadcast"`` and buckets far smaller than the model, so that weights span buckets and
 large tensors travel alone. After a LoRA sync and after a merged one, every sampler actor's log-probs of its
-completions equal the trainer's; the rendezvous and the group listen on 127.0.0.1 only.
+completions equal the trainer's; the rendezvous and the group listen on 127.0.0.1 only. A model sharded
+over two actors (FSDP2) is read whole by both of them together, by either transport.
 """
 
 from __future__ import annotations
@@ -120,6 +121,52 @@ def test_lora_and_merged_syncs_broadcast_from_the_model_actor_to_every_sampler_a
             CheckpointEngineManager(model, sampler, transport="nccl")
         with pytest.raises(ConfigurationError, match="bucket_mb must be positive, got 0"):
             CheckpointEngineManager(model, sampler, bucket_mb=0)
+    finally:
+        shutdown()
+
+
+def test_a_model_sharded_over_two_actors_syncs_whole_weights_by_either_transport():
+    """FSDP2 over the model's two workers: each holds half of every weight, and reading them is a collective."""
+    from peft import LoraConfig
+
+    from twinkle.checkpoint_engine import CheckpointEngineManager
+    from twinkle.data_format import SamplingParams
+    from twinkle.model import TransformersModel
+    from twinkle.sampler import TorchSampler
+
+    groups = [DeviceGroup("model", [0, 1]), DeviceGroup("sampler", [2])]
+    twinkle.initialize(mode="ray", seed=0, groups=groups, lazy_collect=False, num_cpus=3)
+    try:
+        model = TransformersModel(remote_group="model", device_mesh=DeviceMesh.from_sizes(fsdp_size=2))
+        model.add_adapter_to_model("default", LoraConfig(r=4, target_modules="all-linear"), seed=0)
+        model.set_optimizer("AdamW", lr=1e-2)
+        model.set_loss("GRPOLoss", epsilon=0.2)
+        sampler = TorchSampler(remote_group="sampler")
+        sampler.set_template("Template", enable_thinking=False)
+        prompts = [{"messages": [{"role": "user", "content": f"What is {n} plus 30?"}]} for n in (12, 7)]
+        params = SamplingParams(max_tokens=6, temperature=1.0, seed=1)
+        # LoRA syncs first: after a merged one the sampler's base holds the adapter already
+        for merge, transport in [
+            (False, "object_store"),
+            (False, "broadcast"),
+            (True, "object_store"),
+            (True, "broadcast"),
+        ]:
+            manager = CheckpointEngineManager(model, sampler, transport=transport, bucket_mb=0.25)
+            manager.sync_weights(merge_and_sync=merge)
+            use = {"use_base_model": True} if merge else {"adapter_name": "default"}
+            before = sampler.sample(prompts, params, num_samples=2, **use).sequences
+            inputs = [s.new_input_feature for s in before]
+            advantages = [1.0, 0.5, -1.0, 0.25]
+            model.forward_backward(inputs=inputs, old_logps=[s.logprobs for s in before], advantages=advantages)
+            model.clip_grad_and_step()
+            assert max_logprob_gap([s.logprobs for s in before], model.forward_only(inputs=inputs), inputs) > 1e-3
+
+            manager.sync_weights(merge_and_sync=merge)
+            after = sampler.sample(prompts, params, num_samples=2, **use).sequences
+            served = [s.new_input_feature for s in after]
+            gap = max_logprob_gap([s.logprobs for s in after], model.forward_only(inputs=served), served)
+            assert gap < 1e-4, (merge, transport, gap)
     finally:
         shutdown()
 

@@ -23,7 +23,7 @@ from twinkle.errors import ConfigurationError, InvalidInputError  # noqa: E402
 from twinkle.infra import get_runtime, process_group_kwargs, remote_class, shutdown  # noqa: E402
 from twinkle.infra.ray import ActorProxy, LazyResult, relay  # noqa: E402
 from twinkle.infra.ray.actors import wait_for_unresolved_calls  # noqa: E402
-from twinkle.infra.ray.dispatch import merge, split_arguments, worker_ranks  # noqa: E402
+from twinkle.infra.ray.dispatch import data_leaders, merge, split_arguments, worker_ranks  # noqa: E402
 from twinkle.infra.ray.placement import bundles_for  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -125,9 +125,22 @@ def test_merged_sample_responses_are_prompt_major_over_every_worker():
     assert merged.prompt_token_ids == [[1], [2], [1], [2]]
 
 
-def test_one_worker_per_data_parallel_rank():
-    assert worker_ranks(None) == [0]
-    assert worker_ranks(DeviceMesh.from_sizes(dp_size=2, fsdp_size=2, tp_size=2)) == [0, 2, 4, 6]
+def test_one_worker_per_rank_and_one_result_per_share_of_the_batch():
+    mesh = DeviceMesh.from_sizes(dp_size=2, fsdp_size=2, tp_size=2)
+    assert worker_ranks(None) == [0] and data_leaders(None, [0]) == [0]
+    assert worker_ranks(mesh) == list(range(8))  # tp peers are processes of their own, as under torchrun
+    assert data_leaders(mesh, worker_ranks(mesh)) == [0, 2, 4, 6]
+    shares = split_arguments(([1, 2, 3, 4],), {}, mesh, worker_ranks(mesh), "m")
+    assert [args for args, _ in shares] == [([n],) for n in (1, 1, 2, 2, 3, 3, 4, 4)]  # tp peers: the same share
+    pipeline = DeviceMesh.from_sizes(pp_size=2, dp_size=2)  # pp is the slowest dimension: stage 1 is ranks 2, 3
+    assert data_leaders(pipeline, worker_ranks(pipeline)) == [0, 1]
+    ulysses = DeviceMesh.from_sizes(fsdp_size=4, ulysses_size=2)  # Ulysses peers share their samples
+    assert data_leaders(ulysses, worker_ranks(ulysses)) == [0, 2]
+    # A worker with 2 devices takes 2 ranks: its tensor-parallel peers (one engine's tensor parallelism).
+    assert worker_ranks(mesh, ranks_per_worker=2) == [0, 2, 4, 6]
+    assert data_leaders(mesh, [0, 2, 4, 6]) == [0, 1, 2, 3]
+    with pytest.raises(ConfigurationError, match=r"2 must divide tp_size\*cp_size=1"):
+        worker_ranks(DeviceMesh.from_sizes(dp_size=2), ranks_per_worker=2)
 
 
 def test_bundles_per_rank_on_cpu_and_per_worker_on_gpu():
@@ -232,11 +245,12 @@ def test_relay_moves_a_value_actor_to_actor_with_only_a_reference_through_the_dr
         return value
 
     monkeypatch.setattr(actors.ray, "get", recording_get)
-    assert relay(pair, target, _big_payload, _receive)
+    assert relay(pair, target, _big_payload, _receive)  # both of pair's workers read (else the collective hangs)
     monkeypatch.undo()
-    assert seen_by_driver  # the driver saw the reference and the receivers' None, never the megabyte
-    assert all(v is None or (isinstance(v, list) and isinstance(v[0], ray.ObjectRef)) for v in seen_by_driver)
-    assert target.received == 1_000_000
+    assert seen_by_driver  # the driver saw the first worker's reference, the others' [] and the receivers' None
+    assert [v for v in seen_by_driver if isinstance(v, list) and v and isinstance(v[0], ray.ObjectRef)]
+    assert all(v in (None, []) or isinstance(v[0], ray.ObjectRef) for v in seen_by_driver)  # never the megabyte
+    assert target.received == 999_999
     assert relay(object(), object(), _big_payload, _receive) is False  # in-process: the caller's job
 
 
@@ -274,7 +288,8 @@ def test_importing_twinkle_and_loading_the_plugin_does_not_import_ray():
 
 
 def _big_payload(component: Worker) -> bytes:
-    return bytes(1_000_000)
+    """A megabyte, read as a sharded model's weights are: with a collective of the source's workers (1 + 2)."""
+    return bytes(1_000_000 // 3 * int(component.all_reduce(1.0)))
 
 
 def _receive(component: Worker, payload: bytes) -> None:

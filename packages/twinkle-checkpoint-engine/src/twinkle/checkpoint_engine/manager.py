@@ -13,7 +13,8 @@ only a reference passes through the driver. Between actors whose weights are on
 GPUs (device groups that share no GPU) they are broadcast instead, in buckets over
 NCCL (:mod:`.broadcast`), from the model's first actor to every sampler actor;
 ``transport="broadcast"`` does so between any actors (over gloo where a side is on
-the CPU).
+the CPU). Every actor of a model reads its weights either way: a sharded model
+(FSDP2, tensor or pipeline parallelism) gathers them whole together.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class CheckpointEngineManager:
         read, write = self._reader_writer(merge_and_sync)
         if self._broadcast(read, write, lora=not merge_and_sync):
             return
-        if not relay(self.model, self.sampler, partial(_materialized, read), write):
+        if not relay(self.model, self.sampler, read, write):
             write(self.sampler, read(self.model))
 
     def _broadcast(self, read: Callable[[Any], Payload], write: Callable[[Any, Payload], None], lora: bool) -> bool:
@@ -126,7 +127,8 @@ class CheckpointEngineManager:
         prepare = partial(_open, key=self._key, backend=backend, bucket_bytes=self.bucket_bytes)
         send = partial(_send, read=read, lora=lora, transfer=transfer)
         receive = partial(_receive, write=write, lora=lora, transfer=transfer)
-        if not exchange(self.model, self.sampler, prepare, send, receive):  # "auto" chose it for two actors
+        follow = partial(_follow, read=read)
+        if not exchange(self.model, self.sampler, prepare, send, receive, follow):  # "auto" chose it for two actors
             raise ConfigurationError(
                 "transport='broadcast' moves weights between actors: build the model and the sampler on Ray "
                 "(twinkle.initialize(mode='ray'), remote_group=...)"
@@ -178,10 +180,11 @@ def _write_merged(sampler: WeightReceiver, weights: Iterable[tuple[str, torch.Te
     logger.debug("synced %d merged base weights", count)
 
 
-def _materialized(read: Callable[[Any], Any], model: Any) -> Any:
-    """``read(model)`` as a value that can leave the process: a stream of merged weights becomes a list."""
-    value = read(model)
-    return list(value) if isinstance(value, Iterator) else value
+def _follow(model: Any, read: Callable[[Any], Payload]) -> None:
+    """Another worker of the model's actor: it reads along (a sharded model's weights are gathered together)."""
+    payload = read(model)
+    for _ in payload if isinstance(payload, Iterator) else ():
+        pass
 
 
 def _device_type(component: Any) -> str:

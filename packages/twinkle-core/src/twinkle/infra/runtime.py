@@ -80,7 +80,7 @@ class Runtime:
         return "\n".join(lines)
 
 
-# Set for the data-parallel workers of a component on a one-node Ray cluster (``twinkle.infra.ray.worker``).
+# Set for the workers of a component on a one-node Ray cluster (``twinkle.infra.ray.worker``).
 INIT_METHOD_ENV = "TWINKLE_DIST_INIT_METHOD"
 
 

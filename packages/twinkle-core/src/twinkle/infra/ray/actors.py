@@ -15,7 +15,7 @@ import ray
 from ray.exceptions import RayError, RayTaskError
 
 from twinkle.infra.device_mesh import DeviceMesh
-from twinkle.infra.ray.dispatch import BATCH_METHODS, merge, split_arguments, worker_ranks
+from twinkle.infra.ray.dispatch import BATCH_METHODS, data_leaders, merge, split_arguments, worker_ranks
 from twinkle.infra.ray.placement import GroupPlacement
 from twinkle.infra.ray.proxy import LazyResult
 from twinkle.infra.ray.worker import ComponentWorker, WorkerSetup
@@ -45,7 +45,7 @@ def wait_for_unresolved_calls() -> list[Exception]:
 
 
 class RemoteComponent:
-    """One actor per data-parallel worker of ``device_mesh`` (one without a mesh), in the group's placement group.
+    """One actor per rank of ``device_mesh`` (one without a mesh; see ``worker_ranks``), in the group's placement group.
 
     With ``lazy_collect=False`` construction waits for every worker to build
     its component, so a constructor's exception surfaces where the component
@@ -67,8 +67,9 @@ class RemoteComponent:
         self.group = placement.group.name
         self.device_mesh = device_mesh
         self.lazy_collect = runtime.lazy_collect
-        self.ranks = worker_ranks(device_mesh)
         placement.check_mesh(cls.__name__, device_mesh)
+        self.ranks = worker_ranks(device_mesh, placement.ranks_per_bundle)
+        self.leaders = data_leaders(device_mesh, self.ranks)  # the workers whose batch results are merged
         # Actor handles as Any: Ray's ActorHandle typing does not model ``handle.method.remote(...)``.
         self.workers: list[Any] = [
             _WorkerActor.options(**placement.actor_options(rank)).remote(
@@ -107,7 +108,7 @@ class RemoteComponent:
         def collect() -> Any:
             self._check_built()
             results = self._wait(refs, method)
-            return merge(results) if batch and len(results) > 1 else results[0]
+            return merge([results[i] for i in self.leaders]) if batch and len(results) > 1 else results[0]
 
         future = LazyResult(collect, f"{self.describe()}.{method}")
         if not self.lazy_collect:
@@ -123,9 +124,13 @@ class RemoteComponent:
         return self._wait([self.workers[0].read.remote(name)], name)[0]
 
     def put(self, fn: Callable[[Any], Any], what: str) -> ray.ObjectRef[Any]:
-        """``fn(component)`` run in the first worker and kept in the object store there; returns its reference."""
+        """``fn(component)`` run in every worker, the first's kept in the object store there; returns its reference.
+
+        Every worker reads because reading a sharded component (FSDP2, tensor parallelism) is a collective.
+        """
         self._check_built()
-        ref: ray.ObjectRef[Any] = self._wait([self.workers[0].put.remote(fn)], what)[0][0]
+        refs = [worker.put.remote(fn, index == 0) for index, worker in enumerate(self.workers)]
+        ref: ray.ObjectRef[Any] = self._wait(refs, what)[0][0]
         return ref
 
     def apply(self, fn: Callable[[Any, Any], Any], value: Any, what: str) -> None:

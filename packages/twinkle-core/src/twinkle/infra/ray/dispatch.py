@@ -1,13 +1,14 @@
-"""How a call on a component with several data-parallel workers is dispatched and its results collected.
+"""How a call on a component with several workers is dispatched and its results collected.
 
-Ray mode runs a component like ``torchrun`` runs a script: every worker does
-every call (SPMD), so replicas stay in step and collectives (a DDP gradient
-all-reduce, an FSDP gather in ``save``) find every rank. Only the methods of
-:data:`BATCH_METHODS` differ, declaratively by name: they take a batch, so
-each worker gets its contiguous share (``DeviceMesh.get_slice``) of every
-per-sample argument, and the per-sample parts of the results are put back
-together in batch order (:func:`merge`). Any other method returns the first
-worker's result. Pure Python, no Ray.
+Ray mode runs a component like ``torchrun`` runs a script: a worker per rank of
+its mesh, and every worker does every call (SPMD), so replicas stay in step and
+collectives (a DDP gradient all-reduce, an FSDP gather in ``save``, a tensor- or
+pipeline-parallel layer's exchanges) find every rank. Only the methods of
+:data:`BATCH_METHODS` differ, declaratively by name: they take a batch, so each
+worker gets its data rank's contiguous share (``DeviceMesh.get_slice``) of every
+per-sample argument, and the per-sample parts of the results of one worker per
+share are put back together in batch order (:func:`merge`). Any other method
+returns the first worker's result. Pure Python, no Ray.
 """
 
 from __future__ import annotations
@@ -26,16 +27,36 @@ BATCH_METHODS = frozenset(
 )
 
 
-def worker_ranks(device_mesh: DeviceMesh | None) -> list[int]:
-    """One mesh rank per data-parallel worker (its tp/cp/pp coordinates 0): the ranks that get actors."""
+def worker_ranks(device_mesh: DeviceMesh | None, ranks_per_worker: int = 1) -> list[int]:
+    """The mesh ranks that get an actor: every rank, as torchrun starts a process per rank.
+
+    With several devices per worker (``DeviceGroup.gpus_per_worker``) a worker takes that many consecutive
+    ranks, its tensor/context-parallel peers (e.g. one vLLM engine's tensor parallelism), so they must divide
+    ``tp × cp``: peers share their data.
+    """
     if device_mesh is None:
         return [0]
-    if device_mesh.ulysses_size > 1:
+    inner = device_mesh.size("tp") * device_mesh.size("cp")
+    if inner % ranks_per_worker:
         raise ConfigurationError(
-            f"ulysses_size={device_mesh.ulysses_size}: sequence parallelism runs under torchrun, not on Ray workers"
+            f"a worker with {ranks_per_worker} devices takes {ranks_per_worker} consecutive ranks of its mesh, "
+            f"which must share their data: {ranks_per_worker} must divide tp_size*cp_size={inner}"
         )
-    fsdp = device_mesh.size("fsdp")
-    return [device_mesh.rank_of(dp=d // fsdp, fsdp=d % fsdp) for d in range(device_mesh.data_world_size)]
+    return list(range(0, device_mesh.world_size, ranks_per_worker))
+
+
+def data_leaders(device_mesh: DeviceMesh | None, ranks: Sequence[int]) -> list[int]:
+    """Indexes into ``ranks``: the first worker of each different share of a batch, in data order.
+
+    Their results are merged; the other workers (tensor/pipeline/context-parallel or Ulysses peers, which
+    saw the same samples) return the same ones.
+    """
+    if device_mesh is None:
+        return [0]
+    first: dict[int, int] = {}
+    for index, rank in enumerate(ranks):
+        first.setdefault(device_mesh.data_rank(rank), index)
+    return [first[data_rank] for data_rank in sorted(first)]
 
 
 def split_arguments(
@@ -55,8 +76,9 @@ def split_arguments(
     if len(set(lengths.values())) > 1:
         raise InvalidInputError(f"{where}: per-sample arguments differ in length: {lengths}")
     total = next(iter(lengths.values()))
-    if total < len(ranks):
-        raise InvalidInputError(f"{where}: {total} sample(s) cannot be split over {len(ranks)} data-parallel workers")
+    parts = len({device_mesh.data_rank(rank) for rank in ranks})
+    if total < parts:
+        raise InvalidInputError(f"{where}: {total} sample(s) cannot be split over {parts} data-parallel workers")
     shares = []
     for rank in ranks:
         part = device_mesh.get_slice(total, rank)

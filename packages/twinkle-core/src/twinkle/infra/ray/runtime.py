@@ -4,8 +4,8 @@ Without ``address=`` (or ``$RAY_ADDRESS``) a local single-node Ray is started
 whose every socket listens on 127.0.0.1 only; with one, the driver joins that
 cluster. Each device group gets a placement group when its first component is
 built (:mod:`twinkle.infra.ray.placement`); a component gets one actor per
-data-parallel worker of its ``device_mesh`` (else of ``global_device_mesh``;
-else one). Components built without ``remote_group`` (datasets, a DataLoader)
+rank of its ``device_mesh`` (else of ``global_device_mesh``; else one; see
+:func:`twinkle.infra.ray.dispatch.worker_ranks`). Components built without ``remote_group`` (datasets, a DataLoader)
 stay in the driver. ``twinkle.infra.shutdown()`` stops what was started.
 """
 
@@ -22,7 +22,6 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from twinkle.errors import ConfigurationError, MissingDependencyError
-from twinkle.infra.ray.dispatch import worker_ranks
 from twinkle.infra.ray.proxy import ActorProxy
 from twinkle.infra.runtime import Placement, Runtime
 from twinkle.utils.logging import get_logger
@@ -46,6 +45,7 @@ class ActorPlacement(Placement):
     """A component's actors on a group; ``proxy`` is a weak reference: dropping the proxy stops the actors."""
 
     proxy: weakref.ref[ActorProxy] | None = None
+    workers: int = 1
 
 
 @dataclass
@@ -96,7 +96,7 @@ class RayRuntime(Runtime):
         device_mesh = kwargs.get("device_mesh") or self.global_device_mesh
         backend = RemoteComponent(cls, args, kwargs, self._placement(group), device_mesh, self)
         proxy = ActorProxy(backend)
-        self.placements.append(ActorPlacement(cls.__name__, group, device_mesh, weakref.ref(proxy)))
+        self.placements.append(ActorPlacement(cls.__name__, group, device_mesh, weakref.ref(proxy), backend.size))
         return proxy
 
     def place(self, component: Any, remote_group: str | None, device_mesh: Any) -> str:
@@ -192,5 +192,5 @@ def _component_line(placement: Placement) -> str:
     count = ""
     if isinstance(placement, ActorPlacement):
         released = ", released" if placement.proxy is None or placement.proxy() is None else ""
-        count = f": {len(worker_ranks(placement.device_mesh))} actor(s){released}"
+        count = f": {placement.workers} actor(s){released}"
     return f"    - {placement.component}{count}{mesh}"

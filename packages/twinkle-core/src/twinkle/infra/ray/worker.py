@@ -3,8 +3,8 @@
 The actor installs its own runtime first, seeded like the driver, so that a
 component built in an actor draws the same random numbers as the same
 component built in one process (every data-parallel replica starts identical).
-Its rank and world size are the worker's among the component's data-parallel
-workers, as a torchrun process's would be; its local rank is 0, because Ray
+Its rank and world size are the worker's among the component's workers (its
+mesh rank), as a torchrun process's would be; its local rank is 0, because Ray
 shows an actor only its own devices.
 """
 
@@ -14,7 +14,7 @@ import os
 import socket
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
@@ -26,7 +26,7 @@ from twinkle.utils.seed import seed_everything
 
 @dataclass(frozen=True)
 class WorkerSetup:
-    """Where a worker runs: its group, its index among the component's data-parallel workers, and the seed."""
+    """Where a worker runs: its group, its index among the component's workers (its mesh rank), and the seed."""
 
     component: str
     group: DeviceGroup
@@ -52,7 +52,7 @@ class WorkerRuntime(Runtime):
 
 
 class ComponentWorker:
-    """One data-parallel worker of a component (wrapped with ``ray.remote`` by ``twinkle.infra.ray.actors``)."""
+    """One worker of a component (wrapped with ``ray.remote`` by ``twinkle.infra.ray.actors``)."""
 
     def __init__(self, setup: WorkerSetup) -> None:
         import twinkle.infra as infra
@@ -112,14 +112,20 @@ class ComponentWorker:
     def read(self, name: str) -> Any:
         return portable(getattr(self._component, name))
 
-    def put(self, fn: Callable[[Any], Any]) -> list[Any]:
-        """``fn(component)`` kept in the object store; returns ``[ObjectRef]``.
+    def put(self, fn: Callable[[Any], Any], keep: bool) -> list[Any]:
+        """``fn(component)`` kept in the object store (``keep``) or dropped; returns ``[ObjectRef]`` or ``[]``.
 
-        Wrapped in a list so that the driver receives the reference, not the value.
+        Wrapped in a list so that the driver receives the reference, not the value. A stream (an iterator)
+        is listed to be kept, and read to its end to be dropped: reading may be a collective of the workers.
         """
         import ray
 
-        return [ray.put(fn(self._component))]
+        value = fn(self._component)
+        if not keep:
+            for _ in value if isinstance(value, Iterator) else ():
+                pass
+            return []
+        return [ray.put(list(value) if isinstance(value, Iterator) else value)]
 
     def apply(self, fn: Callable[[Any, Any], Any], value: Any) -> None:
         """``fn(component, value)``; a top-level ObjectRef ``value`` arrives here resolved by Ray."""
