@@ -17,14 +17,17 @@ PYPROJECTS := $(wildcard packages/*/pyproject.toml kernels/pyproject.toml) requi
 	integration-tests/server/requirements-tinker-cookbook.txt
 
 # vLLM's own venv for `make test-vllm` (see packages/twinkle-sampler/requirements-vllm-cpu.txt); only the
-# distributions, installed editable (the server with its Tinker API, for the server's vLLM tests).
+# distributions, installed editable (the server with its Tinker API, for the server's vLLM tests; the model
+# with megatron-core, for seed 000's listing, which trains a MegatronModel and samples with vLLM).
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.twinkle-installed
 VLLM_REQUIREMENTS := packages/twinkle-sampler/requirements-vllm-cpu.txt
-VLLM_EDITABLES := $(foreach p,$(filter-out packages/twinkle-all/ packages/twinkle-server/,$(PACKAGES)),-e $(p)) \
-	-e 'packages/twinkle-server[tinker]'
-VLLM_TESTS := packages/twinkle-sampler/tests $(wildcard packages/twinkle-server/tests/test_vllm_*.py)
+VLLM_OWN := packages/twinkle-all/ packages/twinkle-server/ packages/twinkle-model/
+VLLM_EDITABLES := $(foreach p,$(filter-out $(VLLM_OWN),$(PACKAGES)),-e $(p)) \
+	-e 'packages/twinkle-server[tinker]' -e 'packages/twinkle-model[megatron]'
+VLLM_TESTS := packages/twinkle-sampler/tests $(wildcard packages/twinkle-server/tests/test_vllm_*.py) \
+	integration-tests/test_seed_000.py
 
 .PHONY: install demo test test-vllm lint clean
 

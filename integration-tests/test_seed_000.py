@@ -1,10 +1,11 @@
 """Seed 000's GRPO listing, run as the page prints it but for what this 2-CPU machine needs.
 
-Substitutions (and why):
+It runs twice: with the listing's own ``vLLMSampler`` and ``engine_args`` (the CPU build of vLLM, in
+``make test-vllm``'s venv, marker ``vllm``; ``'dtype': 'float32'`` added to them, as vLLM serves a float32
+checkpoint in half precision by default), and here with ``vLLMSampler`` -> ``TorchSampler`` (without
+vLLM's ``engine_args``), as this venv has no vLLM. The trainer is the listing's own ``MegatronModel``
+(megatron-core, tensor-parallel size 1 here). Other substitutions (and why):
 
-- ``vLLMSampler`` -> ``TorchSampler`` (without vLLM's ``engine_args``): vLLM runs in its own venv
-  (``make test-vllm``), not in this one; the trainer is the listing's own ``MegatronModel``
-  (megatron-core, tensor-parallel size 1 here);
 - the dataset id ``ms://modelscope/gsm8k`` (subset ``main``) -> ``builtin://gsm8k-mini`` (no hub downloads);
 - device groups of ``'GPU'`` -> ``'CPU'`` ranks, and ``mixed_precision='bf16'`` -> ``'no'``: bf16 autocast
   is a GPU setting, and on CPU it would make the trainer's log-probs differ from the float32 sampler's;
@@ -14,7 +15,8 @@ Substitutions (and why):
 The listing stays in Ray mode. Its knobs shrink it: one CPU rank each for the model and the sampler, 2
 prompts x 8 generations, one mini-batch (two micro-batches) per step.
 
-The model id is the embedded ``builtin://qwen3-tiny`` after a few seconds of SFT on the first batch's
+The model id is the embedded ``builtin://qwen3-tiny`` (for vLLM, whose CPU attention runs no heads
+narrower than 32, its ``builtin://qwen3-tiny-head32`` twin) after a few seconds of SFT on the first batch's
 prompts, answering half the time in the ``#### <n>`` format and half the time not. The untrained model
 earns no reward, so every advantage would be 0, the fresh LoRA adapter (B = 0) would never move, and
 sampling the base model would be indistinguishable from sampling the policy. Here the first step's rewards
@@ -27,6 +29,7 @@ over the step's only mini-batch, < 1e-5). The last step is not printed: the list
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 import subprocess
@@ -47,8 +50,9 @@ SHIM_VLLM = (
     "def vLLMSampler(engine_args=None, **kwargs):  # vLLM has its own venv; TorchSampler takes no engine_args\n"
     "    return TorchSampler(**kwargs)\n"
 )
+# vLLM serves a float32 checkpoint in half precision unless told otherwise; the trainer here runs in float32.
+VLLM_FLOAT32 = {"'enable_lora': True,": "'enable_lora': True, 'dtype': 'float32',"}
 SUBSTITUTIONS = {
-    "from twinkle.sampler import vLLMSampler": SHIM_VLLM,
     "'ms://modelscope/gsm8k', subset_name='main'": "'builtin://gsm8k-mini'",
     "device_type='GPU'": "device_type='CPU'",
     "mixed_precision='bf16'": "mixed_precision='no'",
@@ -70,10 +74,28 @@ STEP = re.compile(r"^\[Step (\d+)/(\d+)\] (\{.*\})$", re.MULTILINE)
 WARMUP_STEPS = 24
 
 
-def test_seed_000_grpo_listing_samples_the_policy_it_trains(tmp_path):
+def _vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        "torch",
+        pytest.param(
+            "vllm",
+            marks=[pytest.mark.vllm, pytest.mark.skipif(not _vllm_installed(), reason="`make test-vllm` runs it")],
+        ),
+    ],
+)
+def test_seed_000_grpo_listing_samples_the_policy_it_trains(tmp_path, sampler):
+    shim = VLLM_FLOAT32 if sampler == "vllm" else {"from twinkle.sampler import vLLMSampler": SHIM_VLLM}
     script = tmp_path / "seed_000.py"
-    script.write_text(listing("000", "import os", SUBSTITUTIONS, end_marker="    main()"))
-    env = {**os.environ, **KNOBS, "MODEL_ID": _half_formatted_model(tmp_path / "warm-up")}
+    script.write_text(listing("000", "import os", {**shim, **SUBSTITUTIONS}, end_marker="    main()"))
+    base = "builtin://qwen3-tiny-head32" if sampler == "vllm" else "builtin://qwen3-tiny"
+    env = {**os.environ, **KNOBS, "MODEL_ID": _half_formatted_model(base, tmp_path / "warm-up")}
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in the sampler's actor (vLLM's CPU build)
+    env.pop("TRITON_INTERPRET", None)  # the kernel tests' interpreter (conftest) is no part of this run
     env.pop("RAY_ADDRESS", None)  # a private local Ray, stopped with the script
     run = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
@@ -85,12 +107,13 @@ def test_seed_000_grpo_listing_samples_the_policy_it_trains(tmp_path):
     assert sorted(steps) == list(range(1, MAX_STEPS)), run.stdout[-3000:]
     assert steps[1]["grad_norm"] > 0, "the first step must move the adapter, or nothing tells policy from base"
     mismatch = {step: log["loss/abs_log_ratio_max"] for step, log in steps.items()}
+    print(f"seed 000 with {sampler}: sampler/trainer log-prob mismatch by step {mismatch}")
     assert all(value < 1e-5 for value in mismatch.values()), mismatch
     assert steps[1]["num_completions"] == BATCH_SIZE * NUM_GENERATIONS
 
 
-def _half_formatted_model(directory: Path) -> str:
-    """``builtin://qwen3-tiny`` trained to answer the listing's first prompts in the GSM8K format half the time."""
+def _half_formatted_model(base: str, directory: Path) -> str:
+    """``base`` trained to answer the listing's first prompts in the GSM8K format half the time."""
     from twinkle.dataset import Dataset, DatasetMeta
     from twinkle.model import TransformersModel
     from twinkle.preprocessor import GSM8KProcessor
@@ -102,7 +125,7 @@ def _half_formatted_model(directory: Path) -> str:
         answer = row["user_data"]["answer"]
         for reply in (f"Let me think.\n#### {answer}", f"Let me think. {answer}"):  # with and without the format
             conversations.append({"messages": [*row["messages"], {"role": "assistant", "content": reply}]})
-    model = TransformersModel("builtin://qwen3-tiny")
+    model = TransformersModel(base)
     model.set_template("Template", max_length=2048)
     model.set_optimizer("AdamW", lr=3e-3)
     for _ in range(WARMUP_STEPS):

@@ -125,11 +125,12 @@ def test_merged_sample_responses_are_prompt_major_over_every_worker():
     assert merged.prompt_token_ids == [[1], [2], [1], [2]]
 
 
-def test_one_worker_per_rank_and_one_result_per_share_of_the_batch():
+def test_a_worker_per_rank_or_per_share_of_the_batch_and_one_result_per_share():
     mesh = DeviceMesh.from_sizes(dp_size=2, fsdp_size=2, tp_size=2)
     assert worker_ranks(None) == [0] and data_leaders(None, [0]) == [0]
     assert worker_ranks(mesh) == list(range(8))  # tp peers are processes of their own, as under torchrun
     assert data_leaders(mesh, worker_ranks(mesh)) == [0, 2, 4, 6]
+    assert worker_ranks(mesh, every_rank=False) == [0, 2, 4, 6]  # a component that joins no process group
     shares = split_arguments(([1, 2, 3, 4],), {}, mesh, worker_ranks(mesh), "m")
     assert [args for args, _ in shares] == [([n],) for n in (1, 1, 2, 2, 3, 3, 4, 4)]  # tp peers: the same share
     pipeline = DeviceMesh.from_sizes(pp_size=2, dp_size=2)  # pp is the slowest dimension: stage 1 is ranks 2, 3

@@ -75,10 +75,6 @@ def lora_of():
 # ---------------------------------------------------------------- vLLM (marker `vllm`; `make test-vllm` runs them)
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "vllm: needs the vLLM engine (`make test-vllm` runs them in .venv-vllm)")
-
-
 @pytest.fixture(scope="session")
 def vllm_model_dir():
     """The tiny Qwen3 with attention heads 32 wide (vLLM's CPU kernels run no narrower)."""

@@ -68,6 +68,7 @@ class TrainingModel(OptimizerCalls, ABC):
 
     trains_full_model = True  # without adapters, every weight trains
     supports_data_parallel = True  # DDP / FSDP2 over a device_mesh under torchrun
+    one_worker_per_rank = True  # on Ray: an actor per rank of its mesh, each joining its process group
 
     def __init__(
         self,

@@ -45,7 +45,10 @@ def wait_for_unresolved_calls() -> list[Exception]:
 
 
 class RemoteComponent:
-    """One actor per rank of ``device_mesh`` (one without a mesh; see ``worker_ranks``), in the group's placement group.
+    """Actors for the ranks of ``device_mesh`` (one without a mesh; ``worker_ranks``) in the group's placement group.
+
+    A component class with ``one_worker_per_rank = True`` (a model: it joins ``torch.distributed`` over its
+    mesh, tensor and pipeline parallelism included) gets one per rank, any other one per share of the data.
 
     With ``lazy_collect=False`` construction waits for every worker to build
     its component, so a constructor's exception surfaces where the component
@@ -68,7 +71,8 @@ class RemoteComponent:
         self.device_mesh = device_mesh
         self.lazy_collect = runtime.lazy_collect
         placement.check_mesh(cls.__name__, device_mesh)
-        self.ranks = worker_ranks(device_mesh, placement.ranks_per_bundle)
+        every_rank = getattr(cls, "one_worker_per_rank", False)  # set by components that join torch.distributed
+        self.ranks = worker_ranks(device_mesh, placement.ranks_per_bundle, every_rank)
         self.leaders = data_leaders(device_mesh, self.ranks)  # the workers whose batch results are merged
         # Actor handles as Any: Ray's ActorHandle typing does not model ``handle.method.remote(...)``.
         self.workers: list[Any] = [

@@ -1,7 +1,8 @@
 """How a call on a component with several workers is dispatched and its results collected.
 
 Ray mode runs a component like ``torchrun`` runs a script: a worker per rank of
-its mesh, and every worker does every call (SPMD), so replicas stay in step and
+its mesh (per share of the data, for components that set no
+``one_worker_per_rank``), and every worker does every call (SPMD), so replicas stay in step and
 collectives (a DDP gradient all-reduce, an FSDP gather in ``save``, a tensor- or
 pipeline-parallel layer's exchanges) find every rank. Only the methods of
 :data:`BATCH_METHODS` differ, declaratively by name: they take a batch, so each
@@ -27,12 +28,14 @@ BATCH_METHODS = frozenset(
 )
 
 
-def worker_ranks(device_mesh: DeviceMesh | None, ranks_per_worker: int = 1) -> list[int]:
-    """The mesh ranks that get an actor: every rank, as torchrun starts a process per rank.
+def worker_ranks(device_mesh: DeviceMesh | None, ranks_per_worker: int = 1, every_rank: bool = True) -> list[int]:
+    """The mesh ranks that get an actor.
 
-    With several devices per worker (``DeviceGroup.gpus_per_worker``) a worker takes that many consecutive
-    ranks, its tensor/context-parallel peers (e.g. one vLLM engine's tensor parallelism), so they must divide
-    ``tp × cp``: peers share their data.
+    ``every_rank`` (a component that joins ``torch.distributed`` over its mesh, as models do): every rank, as
+    torchrun starts a process per rank; otherwise the first rank of each share of the data (tensor-parallel
+    peers would only repeat its work). With several devices per worker (``DeviceGroup.gpus_per_worker``) a
+    worker takes that many consecutive ranks, its tensor/context-parallel peers (e.g. one vLLM engine's
+    tensor parallelism), so they must divide ``tp × cp``: peers share their data.
     """
     if device_mesh is None:
         return [0]
@@ -42,7 +45,8 @@ def worker_ranks(device_mesh: DeviceMesh | None, ranks_per_worker: int = 1) -> l
             f"a worker with {ranks_per_worker} devices takes {ranks_per_worker} consecutive ranks of its mesh, "
             f"which must share their data: {ranks_per_worker} must divide tp_size*cp_size={inner}"
         )
-    return list(range(0, device_mesh.world_size, ranks_per_worker))
+    ranks = list(range(0, device_mesh.world_size, ranks_per_worker))
+    return ranks if every_rank else [ranks[index] for index in data_leaders(device_mesh, ranks)]
 
 
 def data_leaders(device_mesh: DeviceMesh | None, ranks: Sequence[int]) -> list[int]:
