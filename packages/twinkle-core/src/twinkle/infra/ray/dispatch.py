@@ -2,14 +2,15 @@
 
 Ray mode runs a component like ``torchrun`` runs a script: a worker per rank of
 its mesh (per share of the data, for components that set no
-``one_worker_per_rank``), and every worker does every call (SPMD), so replicas stay in step and
-collectives (a DDP gradient all-reduce, an FSDP gather in ``save``, a tensor- or
-pipeline-parallel layer's exchanges) find every rank. Only the methods of
-:data:`BATCH_METHODS` differ, declaratively by name: they take a batch, so each
-worker gets its data rank's contiguous share (``DeviceMesh.get_slice``) of every
-per-sample argument, and the per-sample parts of the results of one worker per
-share are put back together in batch order (:func:`merge`). Any other method
-returns the first worker's result. Pure Python, no Ray.
+``one_worker_per_rank``), and every worker does every call (SPMD), so replicas
+stay in step and collectives (a DDP gradient all-reduce, an FSDP gather in
+``save``, a tensor- or pipeline-parallel layer's exchanges) find every rank.
+Only the methods of :data:`BATCH_METHODS` differ, declaratively by name: they
+take a batch, so each worker gets its data rank's contiguous share
+(``DeviceMesh.get_slice``) of every per-sample argument, and the per-sample
+parts of the results of one worker per share are put back together in batch
+order (:func:`merge`). Any other method returns the first worker's result.
+Pure Python, no Ray.
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@
 Without ``address=`` (or ``$RAY_ADDRESS``) a local single-node Ray is started
 whose every socket listens on 127.0.0.1 only; with one, the driver joins that
 cluster. Each device group gets a placement group when its first component is
-built (:mod:`twinkle.infra.ray.placement`); a component gets one actor per
-rank of its ``device_mesh`` (else of ``global_device_mesh``; else one; see
-:func:`twinkle.infra.ray.dispatch.worker_ranks`). Components built without ``remote_group`` (datasets, a DataLoader)
-stay in the driver. ``twinkle.infra.shutdown()`` stops what was started.
+built (:mod:`twinkle.infra.ray.placement`); a model gets one actor per rank
+of its ``device_mesh`` (else of ``global_device_mesh``; else one), any other
+component one per share of the data (:func:`twinkle.infra.ray.dispatch.worker_ranks`).
+Components built without ``remote_group`` (datasets, a DataLoader) stay in the
+driver. ``twinkle.infra.shutdown()`` stops what was started.
 """
 
 from __future__ import annotations
