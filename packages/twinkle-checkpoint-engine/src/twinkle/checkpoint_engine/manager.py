@@ -19,7 +19,7 @@ the CPU). Every actor of a model reads its weights either way: a sharded model
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any, Literal, Protocol, runtime_checkable
 from uuid import uuid4
@@ -127,8 +127,7 @@ class CheckpointEngineManager:
         prepare = partial(_open, key=self._key, backend=backend, bucket_bytes=self.bucket_bytes)
         send = partial(_send, read=read, lora=lora, transfer=transfer)
         receive = partial(_receive, write=write, lora=lora, transfer=transfer)
-        follow = partial(_follow, read=read)
-        if not exchange(self.model, self.sampler, prepare, send, receive, follow):  # "auto" chose it for two actors
+        if not exchange(self.model, self.sampler, prepare, send, receive, read):  # "auto" chose it for two actors
             raise ConfigurationError(
                 "transport='broadcast' moves weights between actors: build the model and the sampler on Ray "
                 "(twinkle.initialize(mode='ray'), remote_group=...)"
@@ -178,13 +177,6 @@ def _write_merged(sampler: WeightReceiver, weights: Iterable[tuple[str, torch.Te
     count = sampler.load_base_weights(weights)
     sampler.reset_prefix_cache()
     logger.debug("synced %d merged base weights", count)
-
-
-def _follow(model: Any, read: Callable[[Any], Payload]) -> None:
-    """Another worker of the model's actor: it reads along (a sharded model's weights are gathered together)."""
-    payload = read(model)
-    for _ in payload if isinstance(payload, Iterator) else ():
-        pass
 
 
 def _device_type(component: Any) -> str:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from twinkle.infra.device_mesh import DeviceGroup
 from twinkle.infra.ray.proxy import ActorProxy
+from twinkle.infra.ray.worker import read_along, storable
 
 
 def relay(source: Any, target: Any, read: Callable[[Any], Any], write: Callable[[Any, Any], None]) -> bool:
@@ -27,8 +28,7 @@ def relay(source: Any, target: Any, read: Callable[[Any], Any], write: Callable[
     if isinstance(source, ActorProxy):
         ref = source._backend.put(read, "relay (read)")
     else:
-        value = read(source)
-        ref = ray.put(list(value) if isinstance(value, Iterator) else value)
+        ref = ray.put(storable(read(source)))
     if isinstance(target, ActorProxy):
         target._backend.apply(write, ref, "relay (write)")
     else:
@@ -42,23 +42,23 @@ def exchange(
     prepare: Callable[[Any, str, int], Any],
     send: Callable[[Any, Any], Any],
     receive: Callable[[Any, Any, int], Any],
-    follow: Callable[[Any], Any],
+    read: Callable[[Any], Any],
 ) -> bool:
     """A transfer the components make between themselves (e.g. a broadcast), all of their sides at once.
 
     ``plan = prepare(source, host, receivers)`` runs first in the source's first worker (``host``: its
     node's address; ``receivers``: how many workers the target has); then ``send(source, plan)`` there,
-    ``follow(source)`` in the source's other workers (they take part in reading a sharded source, a
-    collective) and ``receive(target, plan, rank)`` in every worker of the target (``rank`` 1 .. receivers)
-    run at the same time. Waits for every side and raises the source's first exception, else the first
-    receiver's. Returns ``False``, doing nothing, unless both components are actors.
+    ``read(source)`` in the source's other workers, its value dropped (they take part in reading a sharded
+    source, a collective), and ``receive(target, plan, rank)`` in every worker of the target (``rank``
+    1 .. receivers) run at the same time. Waits for every side and raises the source's first exception,
+    else the first receiver's. Returns ``False``, doing nothing, unless both components are actors.
     """
     if not isinstance(source, ActorProxy) or not isinstance(target, ActorProxy):
         return False
     senders, receivers = source._backend, target._backend
     plan = senders.start(_prepare, [(prepare, receivers.size)], "exchange (prepare)")()[0]
     receiving = receivers.start(receive, [(plan, rank) for rank in range(1, receivers.size + 1)], "exchange (receive)")
-    sides = [(send, (plan,))] + [(follow, ())] * (senders.size - 1)
+    sides = [(send, (plan,))] + [(read_along, (read,))] * (senders.size - 1)
     sending = senders.start(_side, sides, "exchange (send)")
     errors = []
     for wait in (sending, receiving):

@@ -24,6 +24,19 @@ from twinkle.infra.runtime import DEFAULT_GROUP, INIT_METHOD_ENV, Runtime
 from twinkle.utils.seed import seed_everything
 
 
+def storable(value: Any) -> Any:
+    """``value`` as the object store can keep it: a stream (an iterator) as a list."""
+    return list(value) if isinstance(value, Iterator) else value
+
+
+def read_along(component: Any, read: Callable[[Any], Any]) -> None:
+    """``read(component)`` with its value dropped (a stream read to its end): a worker taking part in a read
+    that is a collective of the workers (a sharded model's weights), whose value another worker keeps."""
+    value = read(component)
+    for _ in value if isinstance(value, Iterator) else ():
+        pass
+
+
 @dataclass(frozen=True)
 class WorkerSetup:
     """Where a worker runs: its group, its index among the component's workers (its mesh rank), and the seed."""
@@ -120,12 +133,10 @@ class ComponentWorker:
         """
         import ray
 
-        value = fn(self._component)
         if not keep:
-            for _ in value if isinstance(value, Iterator) else ():
-                pass
+            read_along(self._component, fn)
             return []
-        return [ray.put(list(value) if isinstance(value, Iterator) else value)]
+        return [ray.put(storable(fn(self._component)))]
 
     def apply(self, fn: Callable[[Any, Any], Any], value: Any) -> None:
         """``fn(component, value)``; a top-level ObjectRef ``value`` arrives here resolved by Ray."""
