@@ -35,7 +35,7 @@ MODEL = "builtin://qwen3-tiny"
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
 
 
-def _losses(model, features, steps: int = 3) -> list[float]:
+def _losses(model, features, steps: int = 2) -> list[float]:
     model.add_adapter_to_model("default", LORA, seed=0)
     model.set_optimizer("AdamW", lr=1e-2)
     losses = []

@@ -145,13 +145,8 @@ def test_a_model_sharded_over_two_actors_syncs_whole_weights_by_either_transport
         sampler.set_template("Template", enable_thinking=False)
         prompts = [{"messages": [{"role": "user", "content": f"What is {n} plus 30?"}]} for n in (12, 7)]
         params = SamplingParams(max_tokens=6, temperature=1.0, seed=1)
-        # LoRA syncs first: after a merged one the sampler's base holds the adapter already
-        for merge, transport in [
-            (False, "object_store"),
-            (False, "broadcast"),
-            (True, "object_store"),
-            (True, "broadcast"),
-        ]:
+        # The LoRA sync first: after a merged one the sampler's base holds the adapter already
+        for merge, transport in [(False, "object_store"), (True, "broadcast")]:
             manager = CheckpointEngineManager(model, sampler, transport=transport, bucket_mb=0.25)
             manager.sync_weights(merge_and_sync=merge)
             use = {"use_base_model": True} if merge else {"adapter_name": "default"}
